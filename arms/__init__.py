@@ -1,0 +1,1 @@
+"""Arms: one trainer driving one model over the shared workload."""

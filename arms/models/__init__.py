@@ -1,0 +1,1 @@
+"""Model adapters for arms (models other than our own decoder)."""

@@ -1,0 +1,157 @@
+"""Tunix's Qwen3 (`tunix.models.qwen3.model.Qwen3`) on this project's mesh, and weight
+conversion both ways between it and our MaxText-style decoder.
+
+The conversion lives here, not in `engine/`, because the engine never imports tunix.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh
+from tunix.models.qwen3 import model as tunix_qwen3
+
+from engine.model import Decoder, DecoderConfig, attention_mask
+from engine.model.sharding import check_fits
+
+BATCH = ("data", "fsdp")
+
+
+def sharding_config() -> tunix_qwen3.ShardingConfig:
+    """Tunix's default FSDP x TP layout, spelled with our mesh axes (`fsdp`, `tensor`)."""
+    return tunix_qwen3.ShardingConfig(
+        emb_vd=("tensor", "fsdp"), emb_dv=("fsdp", "tensor"),
+        q_weight_dnh=("fsdp", "tensor", None), kv_weight_dnh=("fsdp", "tensor", None),
+        o_weight_nhd=("tensor", None, "fsdp"),
+        ffw_weight_df=("fsdp", "tensor"), ffw_weight_fd=("tensor", "fsdp"),
+        rms_norm_weight=("tensor",),
+        act_btd=(BATCH, None, "tensor"), act_btf=(BATCH, None, "tensor"),
+        act_btnh=(BATCH, None, "tensor", None),
+        exp_weight_edf=("fsdp", None, "tensor"), exp_weight_efd=("fsdp", "tensor", None))
+
+
+def tunix_config(config: DecoderConfig) -> tunix_qwen3.ModelConfig:
+    """Tunix's ModelConfig for the same architecture as `config`."""
+    if config.rope_theta != 1_000_000:
+        # Tunix's Attention calls apply_rope without its config's theta (always 1e6).
+        raise ValueError(f"Tunix's Qwen3 applies RoPE with theta=1e6 whatever its config says; "
+                         f"rope_theta={config.rope_theta} cannot be matched")
+    return tunix_qwen3.ModelConfig(
+        num_layers=config.num_layers, vocab_size=config.vocab_size, embed_dim=config.embed_dim,
+        hidden_dim=config.mlp_dim, num_heads=config.num_heads, head_dim=config.head_dim,
+        num_kv_heads=config.num_kv_heads, rope_theta=int(config.rope_theta),
+        norm_eps=config.norm_eps, use_tied_embedding=config.tie_embeddings,
+        shd_config=sharding_config(), dtype=config.compute_dtype,
+        param_dtype=config.storage_dtype)
+
+
+class TunixDecoder(nnx.Module):
+    """Tunix's Qwen3 behind our decoder's call: (tokens, positions, segment_ids) -> logits.
+
+    Tunix's non-flash attention ignores `segment_ids`, so the packed causal mask is built
+    here and passed as its `attention_mask`; the same mask our decoder builds.
+    """
+
+    def __init__(self, config: DecoderConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.qwen3 = tunix_qwen3.Qwen3(tunix_config(config), rngs=rngs)
+
+    def __call__(self, tokens_BxL: jax.Array, positions_BxL: jax.Array,
+                 segment_ids_BxL: jax.Array) -> jax.Array:
+        logits_BxLxV, _ = self.qwen3(tokens_BxL, positions_BxL, None,
+                                     attention_mask(segment_ids_BxL))
+        return logits_BxLxV
+
+
+def _layer_pairs():
+    """(our path inside a block, Tunix's path inside DecoderLayer) for every block parameter."""
+    return (
+        (("pre_attention_norm", "scale"), ("input_layernorm", "w")),
+        (("attention", "query"), ("attn", "q_proj", "w")),
+        (("attention", "key"), ("attn", "k_proj", "w")),
+        (("attention", "value"), ("attn", "v_proj", "w")),
+        (("attention", "out"), ("attn", "o_proj", "w")),
+        (("attention", "query_norm", "scale"), ("attn", "q_norm", "w")),
+        (("attention", "key_norm", "scale"), ("attn", "k_norm", "w")),
+        (("pre_mlp_norm", "scale"), ("post_attention_layernorm", "w")),
+        (("mlp", "wi_0"), ("mlp", "gate_proj", "kernel")),
+        (("mlp", "wi_1"), ("mlp", "up_proj", "kernel")),
+        (("mlp", "wo"), ("mlp", "down_proj", "kernel")),
+    )
+
+
+def _get(tree, path):
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _set(tree, path, value):
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def decoder_to_tunix_params(decoder: Decoder) -> dict:
+    """Our decoder's Params as a pure dict in Tunix Qwen3's layout."""
+    c = decoder.config
+    ours = nnx.to_pure_dict(nnx.state(decoder, nnx.Param))
+    theirs: dict = {}
+    _set(theirs, ("embedder", "input_embedding"), ours["embedding"])
+    _set(theirs, ("final_norm", "w"), ours["final_norm"]["scale"])
+    if not c.tie_embeddings:
+        _set(theirs, ("lm_head", "w"), ours["head"])
+    for i in range(c.num_layers):
+        for our_path, their_path in _layer_pairs():
+            value = (_get(ours["layers"], our_path)[i] if c.scan_layers
+                     else _get(ours["layers"][i], our_path))
+            _set(theirs, ("layers", i, *their_path), value)
+    return theirs
+
+
+def tunix_to_decoder_params(tunix_params: dict, config: DecoderConfig) -> dict:
+    """Tunix Qwen3 Params (pure dict) in our decoder's layout for `config`."""
+    ours: dict = {"embedding": tunix_params["embedder"]["input_embedding"],
+                  "final_norm": {"scale": tunix_params["final_norm"]["w"]}}
+    if not config.tie_embeddings:
+        ours["head"] = tunix_params["lm_head"]["w"]
+    layers = [tunix_params["layers"][i] for i in range(config.num_layers)]
+    for our_path, their_path in _layer_pairs():
+        values = [_get(layer, their_path) for layer in layers]
+        if config.scan_layers:
+            _set(ours, ("layers", *our_path), jnp.stack(values))
+        else:
+            for i, value in enumerate(values):
+                _set(ours, ("layers", i, *our_path), value)
+    return ours
+
+
+def _load(model: nnx.Module, pure: dict) -> None:
+    state = nnx.state(model, nnx.Param)
+    nnx.replace_by_pure_dict(state, pure)
+    nnx.update(model, state)
+
+
+def to_tunix(decoder: Decoder, *, mesh: Mesh | None = None) -> TunixDecoder:
+    """A TunixDecoder holding exactly `decoder`'s weights (placed on `mesh` if given)."""
+    model = TunixDecoder(decoder.config, rngs=nnx.Rngs(0))
+    _load(model.qwen3, decoder_to_tunix_params(decoder))
+    if mesh is not None:
+        place(model, mesh)
+    return model
+
+
+def from_tunix(model: TunixDecoder, config: DecoderConfig) -> Decoder:
+    """Our Decoder (layout per `config`, e.g. scanned) holding `model`'s weights."""
+    decoder = Decoder(config, rngs=nnx.Rngs(0))
+    _load(decoder, tunix_to_decoder_params(
+        nnx.to_pure_dict(nnx.state(model.qwen3, nnx.Param)), config))
+    return decoder
+
+
+def place(model: TunixDecoder, mesh: Mesh) -> None:
+    """Lays Tunix's variables on `mesh` per their own (mesh-axis) sharding metadata."""
+    check_fits(model.config, mesh)
+    state = nnx.state(model)
+    nnx.update(model, jax.device_put(state, nnx.get_named_sharding(state, mesh)))

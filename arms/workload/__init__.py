@@ -1,0 +1,31 @@
+"""The shared workload: losses (sum, denominator, aux), deterministic batches, exact gradient."""
+
+from arms.workload.batches import (
+    MicroBatch,
+    concatenate,
+    denominators,
+    fingerprint,
+    make_micro_batches,
+)
+from arms.workload.losses import (
+    LOSSES,
+    ClippedPolicyGradient,
+    LossFn,
+    LossOutput,
+    TokenCrossEntropy,
+    forward,
+    get_loss,
+)
+from arms.workload.reference import (
+    exact_gradient,
+    exact_loss_and_gradient,
+    global_norm,
+    max_rel_error,
+    rel_l2,
+)
+
+__all__ = [
+    "LOSSES", "ClippedPolicyGradient", "LossFn", "LossOutput", "MicroBatch", "TokenCrossEntropy",
+    "concatenate", "denominators", "exact_gradient", "exact_loss_and_gradient", "fingerprint",
+    "forward", "get_loss", "global_norm", "make_micro_batches", "max_rel_error", "rel_l2",
+]

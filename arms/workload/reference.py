@@ -1,0 +1,71 @@
+"""The exact reference gradient and the pytree distance every parity number is quoted in."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+
+from arms.workload.batches import MicroBatch
+from arms.workload.losses import LossFn
+
+
+def exact_loss_and_gradient(model: nnx.Module, micro_batches: Sequence[MicroBatch],
+                            loss: LossFn) -> tuple[float, nnx.State]:
+    """(sum_i loss_sum_i / sum_i den_i, its gradient w.r.t. the model's Params).
+
+    One differentiated function over all micro-batches: no accumulator, no per-micro-batch
+    normalization, nothing an engine could share a bug with. Denominators do not depend on
+    the parameters, so the gradient is sum_i grad(loss_sum_i) / sum_i den_i exactly.
+    """
+    graph, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def objective(params):
+        merged = nnx.merge(graph, params, rest)
+        outputs = [loss(merged, mb) for mb in micro_batches]
+        total = sum(o.loss_sum for o in outputs)
+        denominator = sum(o.denominator for o in outputs)
+        return total / denominator
+
+    value, grads = jax.jit(jax.value_and_grad(objective))(params)
+    return float(value), grads
+
+
+def exact_gradient(model: nnx.Module, micro_batches: Sequence[MicroBatch],
+                   loss: LossFn) -> nnx.State:
+    """sum_i grad(loss_sum_i) / sum_i denominator_i w.r.t. the model's Params."""
+    return exact_loss_and_gradient(model, micro_batches, loss)[1]
+
+
+def _leaves(tree) -> list[np.ndarray]:
+    return [np.asarray(jax.device_get(x), np.float64) for x in jax.tree.leaves(tree)]
+
+
+def global_norm(tree) -> float:
+    """L2 norm over all leaves of a pytree, in float64 on the host."""
+    return float(np.sqrt(sum(np.sum(x * x) for x in _leaves(tree))))
+
+
+def rel_l2(a, b) -> float:
+    """||a - b|| / ||b|| over all leaves of two pytrees of equal structure (float64, host)."""
+    la, lb = _leaves(a), _leaves(b)
+    if len(la) != len(lb):
+        raise ValueError(f"rel_l2 needs trees with the same leaves ({len(la)} vs {len(lb)})")
+    for x, y in zip(la, lb, strict=True):
+        if x.shape != y.shape:
+            raise ValueError(f"rel_l2 leaf shapes differ: {x.shape} vs {y.shape}")
+    diff = np.sqrt(sum(np.sum((x - y) ** 2) for x, y in zip(la, lb, strict=True)))
+    ref = np.sqrt(sum(np.sum(y * y) for y in lb))
+    return float(diff / ref) if ref else float(diff)
+
+
+def max_rel_error(a: jax.Array, b: jax.Array) -> float:
+    """max |a - b| / max |b|: the elementwise error relative to the reference's scale."""
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a64 - b64)) / max(np.max(np.abs(b64)), np.finfo(float).tiny))
+
+
+__all__ = ["exact_gradient", "exact_loss_and_gradient", "global_norm", "max_rel_error",
+           "rel_l2"]

@@ -1,0 +1,22 @@
+"""MaxText-style Qwen3 decoder: config and presets, modules, logical-axis sharding."""
+
+from engine.model.config import PRESETS, DecoderConfig, get_preset
+from engine.model.decoder import Decoder, attention_mask, build_decoder, param_count
+from engine.model.sharding import (
+    LOGICAL_AXIS_RULES,
+    MESH_AXES,
+    batch_sharding,
+    check_fits,
+    constrain,
+    make_mesh,
+    named_shardings,
+    parse_mesh_spec,
+    shard_model,
+    sharding_context,
+)
+
+__all__ = [
+    "LOGICAL_AXIS_RULES", "MESH_AXES", "PRESETS", "Decoder", "DecoderConfig", "attention_mask",
+    "batch_sharding", "build_decoder", "check_fits", "constrain", "get_preset", "make_mesh",
+    "named_shardings", "param_count", "parse_mesh_spec", "shard_model", "sharding_context",
+]

@@ -1,0 +1,249 @@
+"""A Qwen3-architecture decoder written in MaxText's conventions, in Flax NNX.
+
+Every parameter carries MaxText logical axis names (`out_sharding` metadata) and every
+activation is constrained with MaxText's activation names; both resolve to mesh axes through
+the logical-axis rules active while tracing (see `engine.model.sharding`).
+
+Tensor names carry their shape: B batch, L query length, S key length, D embed, N query
+heads, K kv heads, G query heads per kv head, H head dim, F mlp, V vocab.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh
+
+from engine.model.config import DecoderConfig
+from engine.model.sharding import (
+    LOGICAL_AXIS_RULES,
+    LogicalRules,
+    check_fits,
+    constrain,
+    named_shardings,
+)
+
+# Additive mask value for disallowed attention scores (finite, so a row can never be NaN).
+MASK_VALUE = -2.3819763e38
+
+BATCH_LEN_EMBED = ("activation_batch", "activation_length", "activation_embed")
+NORM_LEN_EMBED = ("activation_batch", "activation_norm_length", "activation_embed")
+
+
+def _param(rngs: nnx.Rngs, shape: tuple[int, ...], names: tuple[str, ...], *, stddev: float,
+           dtype, stack: int | None) -> nnx.Param:
+    """A normally initialized parameter; `stack` prepends a `layers` axis for scanned blocks."""
+    if stack is not None:
+        shape, names = (stack, *shape), ("layers", *names)
+    value = stddev * jax.random.normal(rngs.params(), shape, jnp.float32)
+    # Created unplaced; `build_decoder`/`shard_model` lay the variables on the mesh.
+    return nnx.Param(value.astype(dtype), out_sharding=names, eager_sharding=False)
+
+
+def _ones(shape: tuple[int, ...], names: tuple[str, ...], *, dtype,
+          stack: int | None) -> nnx.Param:
+    if stack is not None:
+        shape, names = (stack, *shape), ("layers", *names)
+    return nnx.Param(jnp.ones(shape, dtype), out_sharding=names, eager_sharding=False)
+
+
+class RMSNorm(nnx.Module):
+    """x / rms(x) * scale, computed in float32."""
+
+    def __init__(self, dim: int, config: DecoderConfig, *, stack: int | None = None):
+        self.scale = _ones((dim,), ("norm",), dtype=config.storage_dtype, stack=stack)
+        self.eps = config.norm_eps
+        self.dtype = config.compute_dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        rms = jnp.sqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (self.scale[...].astype(jnp.float32) * (x32 / rms)).astype(self.dtype)
+
+
+def apply_rope(x_BxLxNxH: jax.Array, positions_BxL: jax.Array, theta: float) -> jax.Array:
+    """Rotate-half rotary embedding (the first and second halves of H form the pairs)."""
+    head_dim = x_BxLxNxH.shape[-1]
+    fraction = 2 * jnp.arange(0, head_dim // 2, dtype=jnp.float32) / head_dim
+    timescale_H2 = theta**fraction
+    angle_BxLx1xH2 = (positions_BxL[..., None].astype(jnp.float32) / timescale_H2)[:, :, None, :]
+    sin, cos = jnp.sin(angle_BxLx1xH2), jnp.cos(angle_BxLx1xH2)
+    sin, cos = sin.astype(x_BxLxNxH.dtype), cos.astype(x_BxLxNxH.dtype)
+    first, second = jnp.split(x_BxLxNxH, 2, axis=-1)
+    return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+
+
+class Attention(nnx.Module):
+    """GQA self-attention with per-head RMSNorm on q and k applied before RoPE."""
+
+    def __init__(self, config: DecoderConfig, *, rngs: nnx.Rngs, stack: int | None = None):
+        c, dt = config, config.storage_dtype
+        d_std = c.embed_dim**-0.5
+        self.query = _param(rngs, (c.embed_dim, c.num_heads, c.head_dim),
+                            ("embed", "q_heads", "kv"), stddev=d_std, dtype=dt, stack=stack)
+        self.key = _param(rngs, (c.embed_dim, c.num_kv_heads, c.head_dim),
+                          ("embed", "kv_heads", "kv"), stddev=d_std, dtype=dt, stack=stack)
+        self.value = _param(rngs, (c.embed_dim, c.num_kv_heads, c.head_dim),
+                            ("embed", "kv_heads", "kv"), stddev=d_std, dtype=dt, stack=stack)
+        self.out = _param(rngs, (c.num_heads, c.head_dim, c.embed_dim), ("heads", "kv", "embed"),
+                          stddev=(c.num_heads * c.head_dim)**-0.5, dtype=dt, stack=stack)
+        self.query_norm = RMSNorm(c.head_dim, c, stack=stack)
+        self.key_norm = RMSNorm(c.head_dim, c, stack=stack)
+        self.config = config
+
+    def __call__(self, x_BxLxD: jax.Array, positions_BxL: jax.Array,
+                 mask_BxLxS: jax.Array) -> jax.Array:
+        c, dt = self.config, self.config.compute_dtype
+        q_BxLxNxH = jnp.einsum("BLD,DNH->BLNH", x_BxLxD, self.query[...].astype(dt))
+        k_BxSxKxH = jnp.einsum("BSD,DKH->BSKH", x_BxLxD, self.key[...].astype(dt))
+        v_BxSxKxH = jnp.einsum("BSD,DKH->BSKH", x_BxLxD, self.value[...].astype(dt))
+        q_BxLxNxH = constrain(self.query_norm(q_BxLxNxH), (
+            "activation_batch", "activation_length", "activation_heads", "activation_kv"))
+        k_BxSxKxH = constrain(self.key_norm(k_BxSxKxH), (
+            "activation_batch", "activation_length", "activation_kv_heads", "activation_kv"))
+        v_BxSxKxH = constrain(v_BxSxKxH, (
+            "activation_batch", "activation_length", "activation_kv_heads", "activation_kv"))
+        q_BxLxNxH = apply_rope(q_BxLxNxH, positions_BxL, c.rope_theta)
+        k_BxSxKxH = apply_rope(k_BxSxKxH, positions_BxL, c.rope_theta)
+
+        b, length, n, h = q_BxLxNxH.shape
+        k = c.num_kv_heads
+        q_BxLxKxGxH = q_BxLxNxH.reshape(b, length, k, n // k, h)
+        scores_BxKxGxLxS = jnp.einsum("BLKGH,BSKH->BKGLS", q_BxLxKxGxH, k_BxSxKxH) * h**-0.5
+        scores_BxKxGxLxS = jnp.where(mask_BxLxS[:, None, None], scores_BxKxGxLxS, MASK_VALUE)
+        probs_BxKxGxLxS = jax.nn.softmax(scores_BxKxGxLxS.astype(jnp.float32), axis=-1).astype(dt)
+        o_BxLxKxGxH = jnp.einsum("BKGLS,BSKH->BLKGH", probs_BxKxGxLxS, v_BxSxKxH)
+        o_BxLxNxH = constrain(o_BxLxKxGxH.reshape(b, length, n, h), (
+            "activation_batch", "activation_length", "activation_heads", "activation_kv"))
+        out_BxLxD = jnp.einsum("BLNH,NHD->BLD", o_BxLxNxH, self.out[...].astype(dt))
+        return constrain(out_BxLxD, BATCH_LEN_EMBED)
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: DecoderConfig, *, rngs: nnx.Rngs, stack: int | None = None):
+        c, dt = config, config.storage_dtype
+        self.wi_0 = _param(rngs, (c.embed_dim, c.mlp_dim), ("embed", "mlp"),
+                           stddev=c.embed_dim**-0.5, dtype=dt, stack=stack)
+        self.wi_1 = _param(rngs, (c.embed_dim, c.mlp_dim), ("embed", "mlp"),
+                           stddev=c.embed_dim**-0.5, dtype=dt, stack=stack)
+        self.wo = _param(rngs, (c.mlp_dim, c.embed_dim), ("mlp", "embed"),
+                         stddev=c.mlp_dim**-0.5, dtype=dt, stack=stack)
+        self.dtype = c.compute_dtype
+
+    def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
+        dt = self.dtype
+        gate_BxLxF = jnp.einsum("BLD,DF->BLF", x_BxLxD, self.wi_0[...].astype(dt))
+        up_BxLxF = jnp.einsum("BLD,DF->BLF", x_BxLxD, self.wi_1[...].astype(dt))
+        hidden_BxLxF = constrain(jax.nn.silu(gate_BxLxF) * up_BxLxF, (
+            "activation_batch", "activation_length", "activation_mlp"))
+        out_BxLxD = jnp.einsum("BLF,FD->BLD", hidden_BxLxF, self.wo[...].astype(dt))
+        return constrain(out_BxLxD, BATCH_LEN_EMBED)
+
+
+class DecoderBlock(nnx.Module):
+    """Pre-norm attention and MLP, each with a residual connection."""
+
+    def __init__(self, config: DecoderConfig, *, rngs: nnx.Rngs, stack: int | None = None):
+        self.pre_attention_norm = RMSNorm(config.embed_dim, config, stack=stack)
+        self.attention = Attention(config, rngs=rngs, stack=stack)
+        self.pre_mlp_norm = RMSNorm(config.embed_dim, config, stack=stack)
+        self.mlp = MLP(config, rngs=rngs, stack=stack)
+
+    def __call__(self, x_BxLxD: jax.Array, positions_BxL: jax.Array,
+                 mask_BxLxS: jax.Array) -> jax.Array:
+        normed_BxLxD = constrain(self.pre_attention_norm(x_BxLxD), NORM_LEN_EMBED)
+        x_BxLxD = x_BxLxD + self.attention(normed_BxLxD, positions_BxL, mask_BxLxS)
+        normed_BxLxD = constrain(self.pre_mlp_norm(x_BxLxD), NORM_LEN_EMBED)
+        return constrain(x_BxLxD + self.mlp(normed_BxLxD), BATCH_LEN_EMBED)
+
+
+def _remat(fn, policy: str):
+    if policy == "none":
+        return fn
+    saveable = (jax.checkpoint_policies.nothing_saveable if policy == "full"
+                else jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+    return jax.checkpoint(fn, policy=saveable)
+
+
+def attention_mask(segment_ids_BxL: jax.Array) -> jax.Array:
+    """Causal mask restricted to tokens of the same packed segment: [B, L, S] booleans."""
+    length = segment_ids_BxL.shape[1]
+    causal_LxS = jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))
+    same_segment_BxLxS = segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :]
+    return causal_LxS[None] & same_segment_BxLxS
+
+
+class Decoder(nnx.Module):
+    """Token embedding -> blocks -> final RMSNorm -> (tied or untied) head; float32 logits."""
+
+    def __init__(self, config: DecoderConfig, *, rngs: nnx.Rngs):
+        c = config
+        self.config = c
+        self.embedding = _param(rngs, (c.vocab_size, c.embed_dim), ("vocab", "embed_vocab"),
+                                stddev=0.02, dtype=c.storage_dtype, stack=None)
+        if c.scan_layers:
+            self.layers = DecoderBlock(c, rngs=rngs, stack=c.num_layers)
+        else:
+            self.layers = nnx.List([DecoderBlock(c, rngs=rngs) for _ in range(c.num_layers)])
+        self.final_norm = RMSNorm(c.embed_dim, c)
+        if not c.tie_embeddings:
+            self.head = _param(rngs, (c.embed_dim, c.vocab_size), ("embed", "vocab"),
+                               stddev=c.embed_dim**-0.5, dtype=c.storage_dtype, stack=None)
+
+    def __call__(self, tokens_BxL: jax.Array, positions_BxL: jax.Array,
+                 segment_ids_BxL: jax.Array) -> jax.Array:
+        c, dt = self.config, self.config.compute_dtype
+        mask_BxLxS = attention_mask(segment_ids_BxL)
+        x_BxLxD = constrain(self.embedding[...][tokens_BxL].astype(dt), BATCH_LEN_EMBED)
+
+        def run_block(block_graph, block_state, x_BxLxD):
+            block = nnx.merge(block_graph, block_state)
+            return block(x_BxLxD, positions_BxL, mask_BxLxS)
+
+        if c.scan_layers:
+            graph, stacked = nnx.split(self.layers)
+            step = _remat(lambda x, layer: (run_block(graph, layer, x), None), c.remat)
+            x_BxLxD, _ = jax.lax.scan(step, x_BxLxD, stacked)
+        else:
+            for block in self.layers:
+                graph, state = nnx.split(block)
+                x_BxLxD = _remat(lambda s, x, g=graph: run_block(g, s, x), c.remat)(state, x_BxLxD)
+
+        x_BxLxD = constrain(self.final_norm(x_BxLxD), NORM_LEN_EMBED)
+        head_DxV = self.embedding[...].T if c.tie_embeddings else self.head[...]
+        logits_BxLxV = jnp.einsum("BLD,DV->BLV", x_BxLxD, head_DxV.astype(dt))
+        return constrain(logits_BxLxV.astype(jnp.float32),
+                         ("activation_batch", "activation_length", "activation_vocab"))
+
+
+def build_decoder(config: DecoderConfig, *, seed: int = 0, mesh: Mesh | None = None,
+                  rules: LogicalRules = LOGICAL_AXIS_RULES) -> Decoder:
+    """A freshly initialized decoder, its variables already laid out on `mesh` if given.
+
+    Initialization runs under `jax.jit` with the parameters' shardings as `out_shardings`,
+    so each device materializes only its own shards (no full copy on one device first).
+    """
+    if mesh is None:
+        return Decoder(config, rngs=nnx.Rngs(seed))
+    check_fits(config, mesh)
+    abstract = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(seed)))
+    graph, abstract_state = nnx.split(abstract)
+    shardings = named_shardings(abstract_state, mesh, rules)
+
+    @functools.partial(jax.jit, out_shardings=shardings)
+    def init():
+        return nnx.split(Decoder(config, rngs=nnx.Rngs(seed)))[1]
+
+    return nnx.merge(graph, init())
+
+
+def param_count(config: DecoderConfig) -> int:
+    """Number of parameters of `config`, from abstract shapes (nothing is allocated)."""
+    abstract = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0)))
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))

@@ -1,0 +1,164 @@
+"""Logical axis rules, the mesh helper and the sharding utilities the decoder and engine share.
+
+Parameters and activations are annotated with MaxText's *logical* axis names. A rules table
+maps each logical name to mesh axes in priority order; flax resolves it (each mesh axis used
+at most once per array). The rules live in a thread-local (`flax.core.spmd`), which is why
+kernels must be traced *inside* `sharding_context` to carry the constraints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Mapping, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from flax.core import spmd as core_spmd
+from flax.linen import spmd as linen_spmd
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from engine.model.config import DecoderConfig
+
+MESH_AXES = ("data", "fsdp", "tensor")
+"""Mesh axis names, outermost first: pure data parallel, fully-sharded data parallel, tensor."""
+
+LogicalRules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
+
+# MaxText's base.yml rules restricted to the mesh axes above, in its priority order.
+LOGICAL_AXIS_RULES: LogicalRules = (
+    ("activation_batch", ("data", "fsdp")),
+    ("activation_heads", "tensor"),
+    ("activation_kv_heads", "tensor"),
+    ("activation_length", None),
+    ("activation_norm_length", None),
+    ("activation_embed", "tensor"),
+    ("activation_mlp", "tensor"),
+    ("activation_kv", "tensor"),
+    ("activation_vocab", "tensor"),
+    ("mlp", "tensor"),
+    ("vocab", "tensor"),
+    ("heads", "tensor"),
+    ("q_heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("embed", "fsdp"),
+    ("embed_vocab", "fsdp"),
+    ("norm", "tensor"),
+    ("layers", None),
+    ("kv", None),
+)
+
+BATCH_AXES = ("data", "fsdp")
+"""Mesh axes the batch dimension is split over (`activation_batch`)."""
+
+
+def parse_mesh_spec(spec: str | Mapping[str, int] | None) -> dict[str, int]:
+    """'fsdp=4,tensor=2' (or a mapping) -> {'data': 1, 'fsdp': 4, 'tensor': 2}."""
+    shape = dict.fromkeys(MESH_AXES, 1)
+    if not spec:
+        return shape
+    items = spec.items() if isinstance(spec, Mapping) else (
+        part.split("=", 1) for part in spec.split(",") if part.strip())
+    for item in items:
+        if len(item) != 2:
+            raise ValueError(f"bad mesh spec {spec!r}; write it as e.g. 'fsdp=4,tensor=2'")
+        name, size = item[0].strip(), int(item[1])
+        if name not in MESH_AXES:
+            raise ValueError(f"unknown mesh axis {name!r} in {spec!r}; valid axes: "
+                             f"{', '.join(MESH_AXES)}")
+        if size < 1:
+            raise ValueError(f"mesh axis {name}={size} must be >= 1")
+        shape[name] = size
+    return shape
+
+
+def make_mesh(spec: str | Mapping[str, int] | None = None,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A ('data', 'fsdp', 'tensor') mesh with Auto axis types.
+
+    Auto axes are what `with_sharding_constraint`-style models (ours and Tunix's) need;
+    `jax.make_mesh` would otherwise default to Explicit axes. Without `devices`, the mesh
+    takes the first `prod(shape)` devices, so a 1-device mesh works on any host.
+    """
+    shape = parse_mesh_spec(spec)
+    need = math.prod(shape.values())
+    available = list(devices) if devices is not None else jax.devices()
+    if need > len(available):
+        raise ValueError(
+            f"mesh {shape} needs {need} devices but {len(available)} are available; shrink the "
+            "mesh, or on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=N "
+            "before jax is imported")
+    return jax.make_mesh(tuple(shape.values()), MESH_AXES,
+                         axis_types=(AxisType.Auto,) * len(MESH_AXES),
+                         devices=available[:need])
+
+
+@contextlib.contextmanager
+def sharding_context(mesh: Mesh, rules: LogicalRules = LOGICAL_AXIS_RULES) -> Iterator[None]:
+    """Mesh + logical-axis rules, entered around tracing/lowering and calling kernels."""
+    with jax.set_mesh(mesh), core_spmd.logical_axis_rules(rules):
+        yield
+
+
+def constrain(x: jax.Array, logical_axes: tuple[str | None, ...]) -> jax.Array:
+    """Sharding constraint by logical names; a no-op unless traced under rules and a mesh."""
+    return linen_spmd.with_logical_constraint(x, logical_axes)
+
+
+def logical_specs(tree):
+    """PartitionSpecs of logical names for a tree of nnx Variables (state or abstract state)."""
+    return nnx.get_partition_spec(tree)
+
+
+def named_shardings(tree, mesh: Mesh, rules: LogicalRules = LOGICAL_AXIS_RULES):
+    """NamedShardings on `mesh` for every Variable in `tree`, resolved through `rules`."""
+    with core_spmd.logical_axis_rules(()):  # keep the specs logical; resolve below
+        specs = logical_specs(tree)
+    return linen_spmd.logical_to_mesh_sharding(specs, mesh, rules)
+
+
+def shard_model(model: nnx.Module, mesh: Mesh, rules: LogicalRules = LOGICAL_AXIS_RULES) -> None:
+    """Places every variable of `model` on `mesh` per its logical annotations, in place."""
+    state = nnx.state(model)
+    nnx.update(model, jax.device_put(state, named_shardings(state, mesh, rules)))
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+    """Sharding of a [batch, ...] input: batch over the data-parallel axes, rest replicated."""
+    return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
+
+
+def check_fits(config: DecoderConfig, mesh: Mesh, batch_size: int | None = None) -> None:
+    """Raises one clear ValueError if `config` (and `batch_size`) cannot be laid on `mesh`.
+
+    Run before any compile: XLA's own messages for an indivisible sharding name neither the
+    model field nor the fix.
+    """
+    sizes = dict(mesh.shape)
+    tensor, fsdp = sizes.get("tensor", 1), sizes.get("fsdp", 1)
+    by_tensor = {"num_kv_heads": config.num_kv_heads, "num_heads": config.num_heads,
+                 "mlp_dim": config.mlp_dim, "vocab_size": config.vocab_size,
+                 "embed_dim": config.embed_dim, "head_dim": config.head_dim}
+    for name, value in by_tensor.items():
+        if value % tensor:
+            raise ValueError(
+                f"mesh tensor={tensor} cannot split {name}={value}"
+                + (" (more tensor shards than kv heads)" if name == "num_kv_heads"
+                   and tensor > value else "")
+                + f"; use a tensor size that divides {value}")
+    if config.embed_dim % fsdp:
+        raise ValueError(f"mesh fsdp={fsdp} cannot split embed_dim={config.embed_dim}; "
+                         f"use an fsdp size that divides {config.embed_dim}")
+    if batch_size is not None:
+        batch_shards = math.prod(sizes.get(a, 1) for a in BATCH_AXES)
+        if batch_size % batch_shards:
+            raise ValueError(
+                f"micro-batch size {batch_size} is not divisible by the mesh's batch axes "
+                f"(data x fsdp = {batch_shards}); use a batch that is a multiple of "
+                f"{batch_shards} or a smaller data/fsdp mesh")
+
+
+def host_array(x) -> np.ndarray:
+    """Gathers a (possibly sharded) array to a host numpy array."""
+    return np.asarray(jax.device_get(x))

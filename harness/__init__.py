@@ -1,0 +1,1 @@
+"""The harness: runner, measurement, trace capture/parse, results store, CLI."""

@@ -1,0 +1,1 @@
+"""Reports: results records -> markdown tables and PNG plots. Reads only the results format."""
