@@ -1,0 +1,47 @@
+"""EngineConfig: the knobs of the training engine."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """How the engine steps, normalizes, guards and records."""
+
+    gradient_accumulation_steps: int = 1
+    """Micro-batches per optimizer step; `update()` refuses to run after any other count."""
+    grad_dtype: str | None = None
+    """dtype the optimizer sees the gradient in (e.g. "bfloat16"); None keeps the param dtype.
+    Accumulation is always float32; the cast happens after the 1/sum(denominators) scale."""
+    gradient_clipping_threshold: float | None = None
+    """Global-norm clip (optax.clip_by_global_norm) applied to the normalized gradient."""
+    max_inflight: int = 2
+    """Optimizer steps allowed in flight before the host blocks on the oldest one's marker."""
+    metrics_window: int = 128
+    """Steps of metrics history kept; older steps are evicted (with one warning per window)."""
+    nan_policy: Literal["raise", "skip"] = "raise"
+    """Non-finite step loss: the update is never applied; "raise" also raises an error naming
+    the step and micro-batch when the metrics are read, "skip" just counts the skipped step."""
+    shape_policy: Literal["refuse", "recompile"] = "refuse"
+    """A micro-batch whose shapes differ from the compiled ones: "refuse" raises a clear error;
+    "recompile" recompiles every kernel for the new shapes with one warning."""
+
+    def __post_init__(self):
+        if self.gradient_accumulation_steps < 1:
+            raise ValueError("gradient_accumulation_steps must be >= 1, got "
+                             f"{self.gradient_accumulation_steps}")
+        if self.max_inflight < 1:
+            raise ValueError(f"max_inflight must be >= 1, got {self.max_inflight}")
+        if self.metrics_window < 1:
+            raise ValueError(f"metrics_window must be >= 1, got {self.metrics_window}")
+        if self.nan_policy not in ("raise", "skip"):
+            raise ValueError(f"nan_policy={self.nan_policy!r}; valid: 'raise', 'skip'")
+        if self.shape_policy not in ("refuse", "recompile"):
+            raise ValueError(f"shape_policy={self.shape_policy!r}; valid: 'refuse', 'recompile'")
+        if self.grad_dtype not in (None, "float32", "bfloat16", "float16"):
+            raise ValueError(f"grad_dtype={self.grad_dtype!r}; valid: None, 'float32', "
+                             "'bfloat16', 'float16'")
+        if self.gradient_clipping_threshold is not None and self.gradient_clipping_threshold <= 0:
+            raise ValueError("gradient_clipping_threshold must be > 0 or None")

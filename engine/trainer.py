@@ -1,0 +1,359 @@
+"""TrainingEngine: owns jit, shardings, donation, the pure-state cache, throttling, metrics.
+
+The math lives in `engine.kernels`; this class decides *how* it runs:
+- every kernel is a fresh closure, lowered and compiled ahead of time inside the mesh and the
+  logical-axis rules (JAX's trace cache ignores flax's thread-local rules), with explicit
+  in/out shardings (gradients come back sharded like the params), and called inside them;
+- donation: the accumulating fwd/bwd donates the accumulator, the update donates the
+  optimizer state and the accumulator (whose float32 gradient buffers XLA may reuse for the
+  new params). Params (and the non-Param state) are never donated: `engine.model` holds them
+  between steps, and a donated param buffer could be aliased to any same-shaped output. The
+  step counter is not donated either: it is the throttler's marker for that step;
+- the model graph is split once per compile; afterwards kernel outputs are republished to
+  `engine.model` with `nnx.update` instead of re-splitting the graph every step.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from engine import checkpoint, kernels
+from engine.config import EngineConfig
+from engine.metrics import InflightThrottler, MetricsRecorder, StepMetrics, validate
+from engine.model.sharding import LOGICAL_AXIS_RULES, LogicalRules, named_shardings
+from engine.model.sharding import sharding_context as _sharding_context
+
+
+class Kernel:
+    """A compiled executable plus the count of its calls (executions)."""
+
+    def __init__(self, name: str, compiled: jax.stages.Compiled, lowered: jax.stages.Lowered):
+        self.name, self.compiled, self.lowered, self.calls = name, compiled, lowered, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.compiled(*args)
+
+
+def _signature(tree) -> Any:
+    return jax.tree.map(lambda x: (tuple(x.shape), jnp.dtype(x.dtype).name), tree)
+
+
+class TrainingEngine:
+    """Trains any Flax NNX model with any optax transformation on a sum/sum workload loss."""
+
+    def __init__(self, model: nnx.Module, tx: optax.GradientTransformation,
+                 loss_fn: kernels.LossFn, *, mesh: Mesh,
+                 rules: LogicalRules = LOGICAL_AXIS_RULES, config: EngineConfig | None = None):
+        self.model, self.tx, self.loss_fn = model, tx, loss_fn
+        self.mesh, self.rules = mesh, rules
+        self.config = config or EngineConfig()
+        self.kernels: dict[str, Kernel] = {}
+        self.compile_seconds = 0.0
+        self.steps_dispatched = 0
+        self.recorder = MetricsRecorder(self.config.metrics_window, self.config.nan_policy)
+        self.throttler = InflightThrottler(self.config.max_inflight)
+        self._acc: kernels.Accumulator | None = None
+        self._micro = 0
+        self._compiled_for = None
+        self._cache_enabled = True
+        self._update_cfg = kernels.UpdateConfig(
+            jnp.dtype(self.config.grad_dtype) if self.config.grad_dtype else None,
+            self.config.gradient_clipping_threshold)
+
+    # ----------------------------------------------------------------------------- compile
+    def sharding_context(self):
+        return _sharding_context(self.mesh, self.rules)
+
+    def compile(self, example_micro_batch, *, paths: Sequence[str] = ("split", "fused")) -> None:
+        """Splits the model once, places the state, and AOT-compiles the kernels of `paths`.
+
+        "split" is fwd_bwd (first and accumulating) + update; "fused" is train_step.
+        """
+        unknown = set(paths) - {"split", "fused"}
+        if unknown:
+            raise ValueError(f"unknown kernel paths {sorted(unknown)}; valid: 'split', 'fused'")
+        start = time.perf_counter()
+        self._split_model()
+        batch_sig = _signature(example_micro_batch)
+        self._compiled_for = batch_sig
+        self._batch_shardings = jax.tree.map(
+            lambda x: NamedSharding(self.mesh, PartitionSpec(("data", "fsdp"),
+                                                             *[None] * (x.ndim - 1))),
+            example_micro_batch)
+        abstract_batch = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+            example_micro_batch, self._batch_shardings)
+        self._metric_shardings = self._check_metric_types(abstract_batch)
+        self.kernels = {}
+        if "split" in paths:
+            self._compile_split(abstract_batch)
+        if "fused" in paths:
+            self._compile_fused(abstract_batch)
+        self.compile_seconds = time.perf_counter() - start
+
+    def _split_model(self) -> None:
+        graph, state = nnx.split(self.model)  # once per compile: the pure-state cache
+        params, rest = nnx.split_state(state, nnx.Param, ...)
+        self._graph = graph
+        self._param_shardings = named_shardings(params, self.mesh, self.rules)
+        self._rest_shardings = named_shardings(rest, self.mesh, self.rules)
+        self._params = jax.device_put(params, self._param_shardings)
+        self._rest = jax.device_put(rest, self._rest_shardings)
+        with self.sharding_context():
+            self._opt_state = jax.jit(self.tx.init)(self._params)
+        self._opt_shardings = jax.tree.map(lambda x: x.sharding, self._opt_state)
+        self._replicated = NamedSharding(self.mesh, PartitionSpec())
+        self._step = jax.device_put(jnp.zeros((), jnp.int32), self._replicated)
+        self._acc_shardings = kernels.Accumulator(
+            self._param_shardings, self._replicated, self._replicated)
+        self._live_variables = [v for _, v in nnx.iter_graph(self.model)
+                                if isinstance(v, nnx.Variable)]
+        self._publish()
+
+    def _abstract(self, tree, shardings):
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            tree, shardings)
+
+    def _lower_compile(self, name, fn, in_shardings, out_shardings, donate, *abstract_args):
+        fn.__name__ = fn.__qualname__ = name  # traces and HLO dumps show jit_<kernel name>
+        jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
+                         donate_argnums=donate)
+        with self.sharding_context(), warnings.catch_warnings():
+            # Rules + mesh around the lowering, not around jax.jit. The donated accumulator's
+            # scalar sums have no same-typed output to alias; XLA's note about it is expected.
+            warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+            lowered = jitted.lower(*abstract_args)
+            self.kernels[name] = Kernel(name, lowered.compile(), lowered)
+
+    def _check_metric_types(self, abstract_batch):
+        """Refuses unsupported metric types before any step runs; returns their shardings."""
+        graph, loss_fn = self._graph, self.loss_fn
+        with self.sharding_context():
+            _, _, metrics = jax.eval_shape(
+                lambda p, r, b: kernels.fwd_bwd(graph, loss_fn, p, r, b),
+                self._params, self._rest, abstract_batch)
+        validate(metrics)
+        return jax.tree.map(lambda _: self._replicated, metrics)
+
+    def _abstract_accumulator(self) -> kernels.Accumulator:
+        scalar = jax.ShapeDtypeStruct((), jnp.float32, sharding=self._replicated)
+        return kernels.Accumulator(
+            jax.tree.map(lambda p, s: jax.ShapeDtypeStruct(p.shape, jnp.float32, sharding=s),
+                         self._params, self._param_shardings), scalar, scalar)
+
+    def _compile_split(self, abstract_batch) -> None:
+        graph, loss_fn, tx, cfg = self._graph, self.loss_fn, self.tx, self._update_cfg
+        params = self._abstract(self._params, self._param_shardings)
+        rest = self._abstract(self._rest, self._rest_shardings)
+        acc = self._abstract_accumulator()
+        metric_sh = self._metric_shardings
+        fwd_out = (self._acc_shardings, self._rest_shardings, metric_sh)
+        self._lower_compile(
+            "fwd_bwd", lambda p, r, b: kernels.fwd_bwd(graph, loss_fn, p, r, b),
+            (self._param_shardings, self._rest_shardings, self._batch_shardings), fwd_out, (),
+            params, rest, abstract_batch)
+        if self.config.gradient_accumulation_steps > 1:
+            self._lower_compile(
+                "fwd_bwd_accumulate",
+                lambda a, p, r, b: kernels.fwd_bwd_accumulate(graph, loss_fn, a, p, r, b),
+                (self._acc_shardings, self._param_shardings, self._rest_shardings,
+                 self._batch_shardings), fwd_out, (0,), acc, params, rest, abstract_batch)
+        opt = self._abstract(self._opt_state, self._opt_shardings)
+        step = jax.ShapeDtypeStruct((), jnp.int32, sharding=self._replicated)
+        self._lower_compile(
+            "update", lambda p, o, s, a: kernels.apply_update(tx, cfg, p, o, s, a),
+            (self._param_shardings, self._opt_shardings, self._replicated, self._acc_shardings),
+            (self._param_shardings, self._opt_shardings, self._replicated, self._replicated),
+            (1, 3), params, opt, step, acc)
+
+    def _compile_fused(self, abstract_batch) -> None:
+        graph, loss_fn, tx, cfg = self._graph, self.loss_fn, self.tx, self._update_cfg
+        ga, grad_sh = self.config.gradient_accumulation_steps, self._param_shardings
+        metric_sh = self._metric_shardings
+        self._lower_compile(
+            "train_step",
+            lambda p, o, r, s, bs: kernels.fused_step(graph, loss_fn, tx, cfg, grad_sh, p, o, r,
+                                                      s, bs),
+            (self._param_shardings, self._opt_shardings, self._rest_shardings, self._replicated,
+             (self._batch_shardings,) * ga),
+            (self._param_shardings, self._opt_shardings, self._rest_shardings, self._replicated,
+             self._replicated, metric_sh),
+            (1,),
+            self._abstract(self._params, self._param_shardings),
+            self._abstract(self._opt_state, self._opt_shardings),
+            self._abstract(self._rest, self._rest_shardings),
+            jax.ShapeDtypeStruct((), jnp.int32, sharding=self._replicated),
+            (abstract_batch,) * ga)
+
+    # ------------------------------------------------------------------- pure-state cache
+    def _publish(self) -> None:
+        """Republishes the cached state into `engine.model` (same object, new arrays)."""
+        nnx.update(self.model, nnx.merge_state(self._params, self._rest))
+        self._published = [v.get_raw_value() for v in self._live_variables]
+
+    def _refresh_from_model(self) -> None:
+        """Before a step: trust the cache unless `engine.model` was changed from outside."""
+        if self._cache_enabled:
+            live = self._live_variables
+            if all(v.get_raw_value() is p for v, p in zip(live, self._published, strict=True)):
+                return
+            self._cache_enabled = False
+            warnings.warn("engine.model was changed outside the engine since the last step; "
+                          "the pure-state cache is disabled and the model is re-split every "
+                          "step from now on", RuntimeWarning, stacklevel=3)
+        graph, state = nnx.split(self.model)
+        if graph != self._graph:
+            raise ValueError("engine.model's structure changed after compile(); call "
+                             "compile() again")
+        params, rest = nnx.split_state(state, nnx.Param, ...)
+        self._params = jax.device_put(params, self._param_shardings)
+        self._rest = jax.device_put(rest, self._rest_shardings)
+
+    # ------------------------------------------------------------------------------ steps
+    def _check_batch(self, micro_batch) -> None:
+        if self._compiled_for is None:
+            raise RuntimeError("call compile(example_micro_batch) before stepping")
+        sig = _signature(micro_batch)
+        if sig == self._compiled_for:
+            return
+        if self.config.shape_policy == "recompile":
+            warnings.warn(f"micro-batch shapes changed from {self._compiled_for} to {sig}; "
+                          "recompiling every kernel", RuntimeWarning, stacklevel=3)
+            paths = {"fwd_bwd": "split", "train_step": "fused"}
+            self.compile(micro_batch, paths=[p for k, p in paths.items() if k in self.kernels])
+            return
+        raise ValueError(f"micro-batch shapes {sig} differ from the compiled {self._compiled_for};"
+                         " pad batches to the compiled shapes, call compile() again, or use "
+                         "EngineConfig(shape_policy='recompile')")
+
+    def place_batch(self, micro_batch):
+        """Transfers a host micro-batch straight into the compiled batch sharding.
+
+        A batch already on one device would otherwise be resharded by an extra execution
+        on every call; numpy batches are transferred by the call itself and need no placing.
+        """
+        return jax.device_put(micro_batch, self._batch_shardings)
+
+    def _kernel(self, name: str) -> Kernel:
+        if name not in self.kernels:
+            path = "fused" if name == "train_step" else "split"
+            raise RuntimeError(f"kernel {name!r} was not compiled; include {path!r} in "
+                               "compile(paths=...)")
+        return self.kernels[name]
+
+    def fwd_bwd(self, micro_batch) -> None:
+        """Forward/backward of one micro-batch into the accumulator (no optimizer step)."""
+        ga = self.config.gradient_accumulation_steps
+        if self._micro >= ga:
+            raise RuntimeError(f"{self._micro} micro-batches already accumulated "
+                               f"(gradient_accumulation_steps={ga}); call update()")
+        self._check_batch(micro_batch)
+        if self._micro == 0:
+            self._refresh_from_model()
+        with self.sharding_context():
+            if self._acc is None:  # `is None`, never truthiness: a restored 0.0 step is real
+                self._acc, self._rest, metrics = self._kernel("fwd_bwd")(
+                    self._params, self._rest, micro_batch)
+            else:
+                self._acc, self._rest, metrics = self._kernel("fwd_bwd_accumulate")(
+                    self._acc, self._params, self._rest, micro_batch)
+        self._micro += 1
+        self.recorder.add(metrics)
+        self.recorder.publish_pending()  # deferred past this dispatch
+
+    def update(self) -> None:
+        """Scales the accumulated gradient by 1/sum(denominators), clips, applies optax."""
+        ga = self.config.gradient_accumulation_steps
+        if self._micro != ga:
+            raise RuntimeError(f"update() after {self._micro} micro-batches; "
+                               f"gradient_accumulation_steps={ga}")
+        with self.sharding_context():
+            self._params, self._opt_state, self._step, finite = self._kernel("update")(
+                self._params, self._opt_state, self._step, self._acc)
+        self._acc, self._micro = None, 0
+        self.steps_dispatched += 1
+        self.throttler.push(self._step)
+        self.recorder.end_step(self.steps_dispatched, finite)
+        self._publish()
+
+    def train_step(self, micro_batches: Sequence[Any]) -> None:
+        """One optimizer step in one executable (fused fwd/bwd + update; scanned at GA > 1)."""
+        ga = self.config.gradient_accumulation_steps
+        if len(micro_batches) != ga:
+            raise ValueError(f"train_step got {len(micro_batches)} micro-batches; "
+                             f"gradient_accumulation_steps={ga}")
+        if self._micro:
+            raise RuntimeError(f"{self._micro} micro-batches are mid-accumulation; finish "
+                               "them with fwd_bwd()/update() before train_step()")
+        for mb in micro_batches:
+            self._check_batch(mb)
+        self._refresh_from_model()
+        with self.sharding_context():
+            (self._params, self._opt_state, self._rest, self._step, finite,
+             metrics) = self._kernel("train_step")(self._params, self._opt_state, self._rest,
+                                                   self._step, tuple(micro_batches))
+        self.steps_dispatched += 1
+        self.throttler.push(self._step)
+        self.recorder.publish_pending()
+        self.recorder.add_stacked(self.steps_dispatched, metrics, finite)
+        self._publish()
+
+    def block(self) -> None:
+        """Waits for every dispatched step."""
+        jax.block_until_ready((self._params, self._opt_state, self._step))
+
+    # ---------------------------------------------------------------------------- results
+    @property
+    def params(self) -> nnx.State:
+        return self._params
+
+    @property
+    def opt_state(self):
+        return self._opt_state
+
+    @property
+    def accumulator(self) -> kernels.Accumulator | None:
+        return self._acc
+
+    def get_metrics(self) -> list[StepMetrics]:
+        """Publishes pending steps and returns the kept history (oldest first)."""
+        self.recorder.publish_pending()
+        return list(self.recorder.history)
+
+    def save_checkpoint(self, path) -> None:
+        """Saves params, optimizer state, non-Param state, step and any partial accumulator."""
+        self.recorder.publish_pending()
+        checkpoint.save(path, checkpoint.Snapshot(
+            state=(self._params, self._opt_state, self._rest, self._step),
+            accumulator=self._acc, micro_batches_done=self._micro,
+            steps_dispatched=self.steps_dispatched))
+
+    def restore_checkpoint(self, path) -> None:
+        """Restores a checkpoint into this (compiled) engine, mid-accumulation included."""
+        if self._compiled_for is None:
+            raise RuntimeError("compile() the engine before restore_checkpoint()")
+        snap = checkpoint.restore(path, (self._params, self._opt_state, self._rest, self._step),
+                                  self._abstract_accumulator())
+        self._params, self._opt_state, self._rest, self._step = snap.state
+        self._acc, self._micro = snap.accumulator, snap.micro_batches_done
+        self.steps_dispatched = snap.steps_dispatched
+        self._publish()
+
+    def executions(self) -> int:
+        """Total kernel executions dispatched so far (all kernels)."""
+        return sum(k.calls for k in self.kernels.values())
+
+    def close(self) -> None:
+        """Waits for in-flight work and publishes the last metrics."""
+        self.throttler.drain()
+        self.recorder.publish_pending()

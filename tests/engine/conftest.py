@@ -1,0 +1,31 @@
+import optax
+import pytest
+
+from arms.capture import with_capture
+from arms.workload import TokenCrossEntropy, make_micro_batches
+from engine import EngineConfig, TrainingEngine
+from engine.model import build_decoder, get_preset, make_mesh
+
+RAGGED = [64, 16, 40, 8]
+
+
+def ragged_batches(seed=0, counts=RAGGED, batch_size=2, seq_len=32, **kw):
+    return make_micro_batches(seed=seed, batch_size=batch_size, seq_len=seq_len,
+                              vocab_size=256, loss_tokens=counts, **kw)
+
+
+def make_engine(*, ga=1, mesh="fsdp=2", paths=("split", "fused"), loss=None, example=None,
+                tx=None, preset="tiny", model_overrides=None, model=None, **config):
+    mesh = make_mesh(mesh)
+    if model is None:
+        model = build_decoder(get_preset(preset, **(model_overrides or {})), mesh=mesh)
+    engine = TrainingEngine(model, tx or with_capture(optax.adamw(1e-3)),
+                            loss or TokenCrossEntropy(), mesh=mesh,
+                            config=EngineConfig(gradient_accumulation_steps=ga, **config))
+    engine.compile(example if example is not None else ragged_batches()[0], paths=paths)
+    return engine
+
+
+@pytest.fixture
+def engine_factory(devices):
+    return make_engine
