@@ -53,7 +53,9 @@ def fwd_bwd(graph: nnx.GraphDef, loss_fn: LossFn, params: nnx.State, rest: nnx.S
     """Loss sum and its float32 gradient for one micro-batch, and the non-Param state after it."""
 
     def objective(params):
-        model = nnx.merge(graph, params, rest)
+        # copy=True makes fresh Variables at this (grad) trace level, so the loss may mutate
+        # non-Param state; the state's own Variables belong to the enclosing jit trace.
+        model = nnx.merge(graph, params, rest, copy=True)
         loss_sum, denominator, aux = loss_fn(model, batch)
         return loss_sum, (denominator, aux, nnx.state(model, nnx.Not(nnx.Param)))
 

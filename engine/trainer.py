@@ -118,6 +118,7 @@ class TrainingEngine:
             self._param_shardings, self._replicated, self._replicated)
         self._live_variables = [v for _, v in nnx.iter_graph(self.model)
                                 if isinstance(v, nnx.Variable)]
+        self._publish_targets = None
         self._publish()
 
     def _abstract(self, tree, shardings):
@@ -197,8 +198,23 @@ class TrainingEngine:
 
     # ------------------------------------------------------------------- pure-state cache
     def _publish(self) -> None:
-        """Republishes the cached state into `engine.model` (same object, new arrays)."""
-        nnx.update(self.model, nnx.merge_state(self._params, self._rest))
+        """Republishes the cached state into `engine.model` (same object, new arrays).
+
+        The first publish after a split is `nnx.update` (a walk of the model graph), which
+        also pairs every live Variable with its leaf of the cached state. Later publishes
+        write each leaf straight into its paired Variable: the same effect without the
+        graph walk (~4 ms/step for a 28-block model on this host's CPU).
+        """
+        leaves = jax.tree.leaves((self._params, self._rest))
+        if self._publish_targets is None:
+            nnx.update(self.model, nnx.merge_state(self._params, self._rest))
+            by_id = {id(v.get_raw_value()): v for v in self._live_variables}
+            targets = [by_id.get(id(leaf)) for leaf in leaves]
+            if None not in targets and len(set(map(id, targets))) == len(targets):
+                self._publish_targets = targets
+        else:
+            for variable, leaf in zip(self._publish_targets, leaves, strict=True):
+                variable.set_raw_value(leaf)
         self._published = [v.get_raw_value() for v in self._live_variables]
 
     def _refresh_from_model(self) -> None:
@@ -218,6 +234,7 @@ class TrainingEngine:
         params, rest = nnx.split_state(state, nnx.Param, ...)
         self._params = jax.device_put(params, self._param_shardings)
         self._rest = jax.device_put(rest, self._rest_shardings)
+        self._publish_targets = None  # the next publish pairs leaves and Variables again
 
     # ------------------------------------------------------------------------------ steps
     def _check_batch(self, micro_batch) -> None:

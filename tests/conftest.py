@@ -6,8 +6,17 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import pathlib
+
 import jax
 import pytest
+
+# Tests compile the same tiny programs many times (every engine test builds a fresh engine);
+# XLA's persistent cache serves the repeats. Timing runs (the harness) never use it.
+jax.config.update("jax_compilation_cache_dir",
+                  str(pathlib.Path(__file__).parent.parent / ".pytest_cache" / "jax"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 @pytest.fixture(scope="session")

@@ -40,6 +40,9 @@ def exact_gradient(model: nnx.Module, micro_batches: Sequence[MicroBatch],
 
 
 def _leaves(tree) -> list[np.ndarray]:
+    """Leaves in a canonical order: nnx States are compared as their pure nested dicts."""
+    if isinstance(tree, nnx.State):
+        tree = nnx.to_pure_dict(tree)
     return [np.asarray(jax.device_get(x), np.float64) for x in jax.tree.leaves(tree)]
 
 

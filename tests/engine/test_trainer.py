@@ -111,7 +111,7 @@ def test_nan_policy_skip_counts_the_step_and_keeps_weights(engine_factory):
 def test_other_shapes_are_refused_with_the_fix(engine_factory):
     engine = engine_factory(ga=1, paths=("split",))
     longer = make_micro_batches(seed=0, batch_size=2, seq_len=64, vocab_size=256)[0]
-    with pytest.raises(ValueError, match="differ from the compiled.*shape_policy='recompile'"):
+    with pytest.raises(ValueError, match=r"differ from the compiled.*shape_policy='recompile'"):
         engine.fwd_bwd(longer)
     assert engine.executions() == 0
 

@@ -1,0 +1,95 @@
+"""The `native` arm: one jitted lax.scan step, nothing on the host between micro-batches.
+
+It is the no-host-overhead limit for this model on this machine, written independently of
+the engine: params and optimizer state donated, sum/sum normalization, clip, optax update.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from arms.base import Arm, build_model
+from arms.capture import with_capture
+from engine.model import batch_sharding, named_shardings, sharding_context
+
+
+def native_step(graph, loss_fn, tx, clip, params, rest, opt_state, batches):
+    """(params, rest, opt_state, loss) after one optimizer step over `batches`."""
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *batches)
+
+    def micro_step(carry, batch):
+        grads_sum, loss_sum, den_sum, rest = carry
+
+        def objective(p):
+            model = nnx.merge(graph, p, rest, copy=True)
+            loss, den, _ = loss_fn(model, batch)
+            return loss, (den, nnx.state(model, nnx.Not(nnx.Param)))
+
+        (loss, (den, rest)), grads = jax.value_and_grad(objective, has_aux=True)(params)
+        grads_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_sum, grads)
+        return (grads_sum, loss_sum + loss, den_sum + den, rest), None
+
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    init = (zeros, jnp.float32(0), jnp.float32(0), rest)
+    (grads, loss_sum, den, rest), _ = jax.lax.scan(micro_step, init, stacked)
+    scale = jnp.where(den > 0, 1.0 / den, 0.0)
+    grads = jax.tree.map(lambda g, p: (g * scale).astype(p.dtype), grads, params)
+    if clip is not None:
+        grads, _ = optax.clip_by_global_norm(clip).update(grads, optax.EmptyState())
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), rest, opt_state, loss_sum * scale
+
+
+class NativeArm(Arm):
+    trainer = "native"
+
+    def build(self) -> None:
+        spec = self.spec
+        self.model = build_model(self.model_kind, spec, self.mesh)
+        graph, params, rest = nnx.split(self.model, nnx.Param, ...)
+        tx, loss_fn, clip = with_capture(spec.optimizer_tx()), spec.loss_fn(), spec.clip
+        param_sh = named_shardings(params, self.mesh)
+        rest_sh = named_shardings(rest, self.mesh)
+        with sharding_context(self.mesh):
+            opt_state = jax.jit(tx.init)(params)
+        opt_sh = jax.tree.map(lambda x: x.sharding, opt_state)
+        batch_sh = batch_sharding(self.mesh)
+        example = spec.micro_batches()[0]
+        scalar = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+
+        def step(params, rest, opt_state, batches):
+            return native_step(graph, loss_fn, tx, clip, params, rest, opt_state, batches)
+
+        jitted = jax.jit(step, donate_argnums=(0, 2),
+                         in_shardings=(param_sh, rest_sh, opt_sh,
+                                       (jax.tree.map(lambda _: batch_sh, example),) * spec.ga),
+                         out_shardings=(param_sh, rest_sh, opt_sh, scalar))
+        start = time.perf_counter()
+        with sharding_context(self.mesh):
+            self.compiled = jitted.lower(params, rest, opt_state, (example,) * spec.ga).compile()
+        self.compile_seconds = time.perf_counter() - start
+        self.state = (params, rest, opt_state)
+        self._loss = None
+
+    def step(self, micro_batches):
+        params, rest, opt_state = self.state
+        with sharding_context(self.mesh):
+            params, rest, opt_state, self._loss = self.compiled(params, rest, opt_state,
+                                                                tuple(micro_batches))
+        self.state = (params, rest, opt_state)
+        self.calls_per_step = 1
+        return params
+
+    def executables(self):
+        return {"step": self.compiled}
+
+    def opt_state(self):
+        return self.state[2]
+
+    def last_loss(self) -> float:
+        return float(self._loss)

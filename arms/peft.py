@@ -1,0 +1,122 @@
+"""The PeftTrainer arms: google-tunix's real `PeftTrainer`, driven one micro-batch at a time
+with the executable its own `train()` uses (`jit_train_and_eval_step(cache_nnx_graph=True)`).
+
+What Tunix does is kept as it is, since it is what is measured: gradient accumulation is
+`optax.MultiSteps` (the mean of per-micro-batch means, and the inner optimizer runs every
+micro-step), each micro-step computes a gradient norm, and the loss it optimizes is the
+micro-batch mean `loss_sum / denominator`. Its loop's input sharding (`shard_input`) and
+inflight throttling are replayed per micro-batch; its metrics logging is not.
+
+Tunix's v1 trainer sees a mesh only through the legacy `with mesh:`; the model is placed on
+the mesh before the trainer is built (else step 2 recompiles), and the steps run under that
+mesh, `jax.set_mesh` and the logical-axis rules (so our decoder's activation constraints
+apply as they do in the other arms).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import time
+
+import jax
+from flax.core import spmd as core_spmd
+
+from arms.base import Arm, build_model
+from arms.capture import with_capture
+from arms.workload import MicroBatch
+from engine.model import LOGICAL_AXIS_RULES
+
+DATA_AXES = ("data", "fsdp")
+
+
+def peft_trainer_module():
+    """Tunix's v2 trainer if this install provides it, else `tunix.sft.peft_trainer`."""
+    for name in ("tunix.experimental.train.peft_trainer_v2", "tunix.sft.peft_trainer"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise ImportError("google-tunix is not installed; `pip install google-tunix==0.1.7`")
+
+
+def _mean_loss(loss_fn):
+    """The shared loss in Tunix's `loss_fn(model, **inputs)` convention, per-batch mean."""
+
+    # Named parameters: nnx.value_and_grad resolves Tunix's `**inputs` call to positions.
+    def tunix_loss(model, tokens, targets, positions, segment_ids, loss_mask, advantages=None,
+                   old_logprobs=None):
+        out = loss_fn(model, MicroBatch(tokens, targets, positions, segment_ids, loss_mask,
+                                        advantages, old_logprobs))
+        return out.loss_sum / out.denominator, {"loss_sum": out.loss_sum,
+                                                "denominator": out.denominator}
+
+    return tunix_loss
+
+
+class PeftArm(Arm):
+    trainer = "peft"
+
+    @contextlib.contextmanager
+    def _context(self):
+        with self.mesh, jax.set_mesh(self.mesh), core_spmd.logical_axis_rules(
+                LOGICAL_AXIS_RULES):
+            yield
+
+    def build(self) -> None:
+        module = peft_trainer_module()
+        self.trainer_module = module.__name__
+        spec = self.spec
+        self.model = build_model(self.model_kind, spec, self.mesh)
+        config = module.TrainingConfig(
+            eval_every_n_steps=1 << 30,
+            gradient_accumulation_steps=spec.ga if spec.ga > 1 else None,
+            data_sharding_axis=DATA_AXES)
+        tx = spec.optimizer_tx()
+        if spec.clip is not None:
+            import optax
+
+            tx = optax.chain(optax.clip_by_global_norm(spec.clip), tx)
+        with self._context():
+            self.peft = module.PeftTrainer(self.model, with_capture(tx), config)
+            self.peft.with_loss_fn(_mean_loss(spec.loss_fn()), has_aux=True)
+            self.train_step, _ = self.peft.jit_train_and_eval_step(cache_nnx_graph=True)
+            example = self.place(spec.micro_batches())[0]
+            start = time.perf_counter()
+            # The same program as the cached step, lowered through a twin nnx.jit (the cached
+            # partial cannot be lowered by itself), for memory/cost analysis.
+            from flax import nnx
+
+            twin = nnx.jit(self.peft.create_train_step_fn(), donate_argnums=1)
+            self._compiled = twin.lower(self.model, self.peft.optimizer,
+                                        example._asdict()).compile()
+            self.compile_seconds = time.perf_counter() - start
+        self._losses: list = []
+
+    def step(self, micro_batches):
+        from tunix.sft import sharding_utils
+
+        throttler = self.peft._throttler
+        self._losses = []
+        with self._context():
+            for mb in micro_batches:
+                inputs = sharding_utils.shard_input(mb._asdict(), DATA_AXES)
+                throttler.wait_for_next()
+                loss, aux, _grad_norm = self.train_step(inputs)
+                throttler.add_computation(loss)
+                self._losses.append(loss)
+        self.calls_per_step = len(micro_batches)
+        return self._losses
+
+    def executables(self):
+        return {"train_step": self._compiled}
+
+    def opt_state(self):
+        return self.peft.optimizer.opt_state
+
+    def last_loss(self) -> float:
+        """Tunix's reported step loss: the mean of the micro-batch mean losses."""
+        return float(sum(float(x) for x in self._losses) / len(self._losses))
+
+    def close(self) -> None:
+        self.peft._throttler.wait_for_all()

@@ -1,0 +1,123 @@
+"""CellSpec: what every arm of one comparison shares (model, shapes, loss, optimizer, data)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Sequence
+
+import optax
+
+from arms.workload import LossFn, MicroBatch, get_loss, make_micro_batches
+from engine.model import DecoderConfig, check_fits, get_preset, make_mesh
+from engine.model.sharding import parse_mesh_spec
+
+OPTIMIZERS = ("adamw", "sgd")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CellSpec:
+    """One benchmark cell, minus the arm: every arm built from it sees the same work."""
+
+    preset: str = "tiny"
+    """Model preset (engine.model.PRESETS)."""
+    seq: int = 32
+    """Sequence length of every micro-batch."""
+    batch: int = 8
+    """Global batch size per optimizer step (rows); split into `ga` micro-batches."""
+    ga: int = 1
+    """Gradient-accumulation steps (micro-batches per optimizer step)."""
+    dtype: str = "float32"
+    """Compute dtype ("float32" or "bfloat16"); parameters stay float32."""
+    mesh: str = ""
+    """Mesh spec such as "fsdp=8" or "fsdp=4,tensor=2"; empty = 1 device."""
+    loss: str = "xent"
+    """Workload loss ("xent" or "grpo")."""
+    z_loss: float = 0.0
+    """z-loss weight for the xent loss."""
+    optimizer: str = "adamw"
+    """Optax optimizer ("adamw" or "sgd")."""
+    learning_rate: float = 1e-3
+    """Optimizer learning rate."""
+    clip: float | None = None
+    """Global-norm gradient clip, or None."""
+    ragged: tuple[int, ...] | None = None
+    """Loss tokens per micro-batch (e.g. (64, 16, 40, 8)); None = mask_fraction of tokens."""
+    mask_fraction: float = 1.0
+    """Fraction of tokens carrying loss when `ragged` is None."""
+    seed: int = 0
+    """Seed of the weights and of the data."""
+    scan_layers: bool = False
+    """Decoder option scan_layers."""
+    remat: str = "none"
+    """Decoder option remat."""
+
+    def __post_init__(self):
+        if self.ga < 1 or self.batch % self.ga:
+            raise ValueError(f"--ga {self.ga} does not divide --batch {self.batch}; pick a GA "
+                             f"from the divisors of {self.batch}")
+        if self.ragged is not None and len(self.ragged) != self.ga:
+            raise ValueError(f"{len(self.ragged)} ragged counts for ga={self.ga}; give one "
+                             "count per micro-batch")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; valid: "
+                             f"{', '.join(OPTIMIZERS)}")
+        get_loss(self.loss)  # validates the name
+        parse_mesh_spec(self.mesh)
+        self.model_config()  # validates the preset and options
+
+    @property
+    def micro_batch(self) -> int:
+        return self.batch // self.ga
+
+    def model_config(self) -> DecoderConfig:
+        return get_preset(self.preset, dtype=self.dtype, scan_layers=self.scan_layers,
+                          remat=self.remat)
+
+    def make_mesh(self):
+        mesh = make_mesh(self.mesh or None)
+        check_fits(self.model_config(), mesh, self.micro_batch)
+        return mesh
+
+    def loss_fn(self) -> LossFn:
+        return get_loss(self.loss, **({"z_loss_weight": self.z_loss} if self.loss == "xent"
+                                      and self.z_loss else {}))
+
+    def optimizer_tx(self) -> optax.GradientTransformation:
+        if self.optimizer == "adamw":
+            return optax.adamw(self.learning_rate)
+        return optax.sgd(self.learning_rate)
+
+    def micro_batches(self, step: int = 0) -> list[MicroBatch]:
+        """The micro-batches of optimizer step `step` (deterministic in seed and step)."""
+        return make_micro_batches(
+            seed=self.seed * 1_000_003 + step, batch_size=self.micro_batch, seq_len=self.seq,
+            vocab_size=self.model_config().vocab_size, num_micro_batches=self.ga,
+            loss_tokens=self.ragged, mask_fraction=None if self.ragged else self.mask_fraction,
+            grpo=self.loss == "grpo")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def config_hash(self) -> str:
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CellSpec:
+        data = dict(data)
+        if data.get("ragged") is not None:
+            data["ragged"] = tuple(data["ragged"])
+        return cls(**data)
+
+    def replace(self, **changes) -> CellSpec:
+        return dataclasses.replace(self, **changes)
+
+
+def ragged_counts(text: str | Sequence[int] | None) -> tuple[int, ...] | None:
+    if text is None or text == "":
+        return None
+    if isinstance(text, str):
+        return tuple(int(x) for x in text.split(","))
+    return tuple(int(x) for x in text)

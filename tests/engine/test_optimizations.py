@@ -1,0 +1,295 @@
+"""One named test per DESIGN.md engine optimization (items 1-15); each fails when reverted."""
+
+import re
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from arms.capture import captured_gradient, with_capture
+from arms.workload import TokenCrossEntropy, exact_gradient, rel_l2
+from engine.kernels import MicroBatchMetrics
+from engine.metrics import MetricsRecorder
+from engine.model import build_decoder, get_preset, make_mesh
+from tests.engine.conftest import ragged_batches
+
+
+def run_split(engine, batches):
+    for mb in batches:
+        engine.fwd_bwd(mb)
+    engine.update()
+
+
+def _ops(kernel, op: str) -> list[str]:
+    """Result types of every `stablehlo.<op>` in a kernel's lowered module."""
+    return re.findall(rf"stablehlo\.{op} .*?-> (tensor<[^>]*>)|stablehlo\.{op} [^\n]*: "
+                      r"(tensor<[^>]*>)\n", kernel.lowered.as_text())
+
+
+def test_item01_kernels_lowered_inside_rules_carry_activation_constraints(engine_factory):
+    engine = engine_factory(ga=2, mesh="fsdp=2,tensor=2")
+    assert set(engine.kernels) == {"fwd_bwd", "fwd_bwd_accumulate", "update", "train_step"}
+    for name in ("fwd_bwd", "fwd_bwd_accumulate", "train_step"):
+        text = engine.kernels[name].lowered.as_text()
+        assert text.count("sharding_constraint") >= 8, name
+
+
+def test_item02_update_donates_state_and_never_params(engine_factory):
+    engine = engine_factory(ga=2, paths=("split",))
+    batches = ragged_batches(counts=[30, 50])
+    engine.fwd_bwd(batches[0])
+    first_acc = jax.tree.leaves(engine.accumulator)
+    engine.fwd_bwd(batches[1])
+    assert all(x.is_deleted() for x in first_acc)  # accumulating kernel donated it
+    old_params, old_opt = jax.tree.leaves(engine.params), jax.tree.leaves(engine.opt_state)
+    engine.update()
+    assert all(x.is_deleted() for x in old_opt if x.ndim)
+    assert not any(x.is_deleted() for x in old_params)
+    accumulate = engine.kernels["fwd_bwd_accumulate"].compiled.memory_analysis()
+    assert accumulate.alias_size_in_bytes > 0
+    assert engine.kernels["update"].compiled.memory_analysis().alias_size_in_bytes > 0
+
+
+def test_item02_thousand_steps_never_touch_a_deleted_array(devices):
+    from tests.engine.conftest import make_engine
+
+    (batch,) = ragged_batches(counts=[5], batch_size=1, seq_len=8)
+    engine = make_engine(ga=1, mesh=None, paths=("split",), example=batch)
+    batch = engine.place_batch(batch)
+    for i in range(1000):
+        engine.fwd_bwd(batch)
+        engine.update()
+        if i % 100 == 0:  # the published model stays usable between steps
+            engine.model(batch.tokens, batch.positions, batch.segment_ids).block_until_ready()
+    engine.close()
+    assert len(engine.get_metrics()) == 128
+    assert all(np.isfinite(m.loss) for m in engine.get_metrics())
+
+
+def test_item03_two_in_jit_accumulation_kernels(engine_factory):
+    engine = engine_factory(ga=4, paths=("split",))
+    assert set(engine.kernels) == {"fwd_bwd", "fwd_bwd_accumulate", "update"}
+    first, accumulating = engine.kernels["fwd_bwd"], engine.kernels["fwd_bwd_accumulate"]
+    assert len(first.lowered.args_info[0]) == 3  # params, rest, batch: no accumulator input
+    assert len(accumulating.lowered.args_info[0]) == 4
+    before = engine.executions()
+    run_split(engine, ragged_batches())
+    assert (first.calls, accumulating.calls) == (1, 3)
+    assert engine.executions() - before == 5
+
+
+def test_item04_sum_over_sum_one_scalar_divide_and_zero_for_empty(engine_factory):
+    engine = engine_factory(ga=4, paths=("split",), tx=with_capture(optax.sgd(0.1)))
+    divides = _ops(engine.kernels["update"], "divide")
+    assert len(divides) == 1 and all("tensor<f32>" in "".join(d) for d in divides)
+    exact = exact_gradient(engine.model, ragged_batches(), TokenCrossEntropy())
+    run_split(engine, ragged_batches())
+    assert rel_l2(captured_gradient(engine.opt_state), exact) <= 1e-5
+
+    before = jax.device_get(engine.params)
+    run_split(engine, ragged_batches(counts=[0, 0, 0, 0]))
+    grads = jax.tree.leaves(captured_gradient(engine.opt_state))
+    assert all(np.all(np.asarray(g) == 0) for g in grads)
+    assert rel_l2(engine.params, before) == 0.0
+    assert engine.get_metrics()[-1].loss == 0.0
+
+
+def test_item05_throttler_holds_only_the_update_step_scalar(engine_factory):
+    engine = engine_factory(ga=1, paths=("split", "fused"), max_inflight=2)
+    (batch,) = ragged_batches(counts=[40])
+    for _ in range(3):
+        run_split(engine, [batch])
+        engine.train_step([batch])
+        markers = list(engine.throttler.markers)
+        assert len(markers) <= 2
+        assert all(m.shape == () and m.dtype == jnp.int32 for m in markers)
+        assert markers[-1] is engine._step  # the scalar the last step's executable produced
+    assert int(engine.throttler.markers[-1]) == 6
+
+
+def test_item06_metrics_history_is_bounded_and_eviction_warns_once_per_window(engine_factory):
+    engine = engine_factory(ga=1, paths=("fused",), metrics_window=4)
+    (batch,) = ragged_batches(counts=[40])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(13):
+            engine.train_step([batch])
+        history = engine.get_metrics()
+    evictions = [w for w in caught if "metrics history is full" in str(w.message)]
+    assert [m.step for m in history] == [10, 11, 12, 13]
+    assert engine.recorder.evicted == 9
+    assert len(evictions) == 3  # evictions 1, 5 and 9: once per window of 4
+
+
+class Calls(nnx.Variable):
+    """A non-Param variable the forward pass mutates."""
+
+
+class CountingDecoder(nnx.Module):
+    def __init__(self, decoder):
+        self.decoder = decoder
+        self.calls = Calls(jnp.zeros((), jnp.int32))
+
+    def __call__(self, *args):
+        self.calls[...] = self.calls[...] + 1
+        return self.decoder(*args)
+
+
+def test_item07_graph_split_once_per_compile_and_mutable_state_published(
+        engine_factory, monkeypatch):
+    model = CountingDecoder(build_decoder(get_preset("tiny"), mesh=make_mesh("fsdp=2")))
+    engine = engine_factory(ga=2, paths=("split", "fused"), model=model)
+    splits = []
+    real_split = nnx.split
+    monkeypatch.setattr(nnx, "split", lambda *a, **k: splits.append(1) or real_split(*a, **k))
+    batches = ragged_batches(counts=[30, 50])
+    run_split(engine, batches)
+    engine.train_step(batches)
+    assert splits == []  # no graph traversal per step: the cached pure state is reused
+    assert int(engine.model.calls[...]) == 4  # mutated non-Param state reached engine.model
+    assert engine.model is model
+
+
+def test_item07_outside_change_disables_the_cache_with_one_warning(engine_factory):
+    engine = engine_factory(ga=1, paths=("fused",))
+    (batch,) = ragged_batches(counts=[40])
+    engine.train_step([batch])
+    engine.model.final_norm.scale[...] = jnp.zeros_like(engine.model.final_norm.scale[...])
+    with pytest.warns(RuntimeWarning, match="pure-state cache is disabled") as record:
+        engine.train_step([batch])
+        engine.train_step([batch])
+    assert len([w for w in record if "pure-state cache" in str(w.message)]) == 1
+    # The step after the change used the changed model: zero logits -> loss log(V).
+    assert engine.get_metrics()[1].loss == pytest.approx(np.log(256), rel=1e-6)
+
+
+def test_item08_update_computes_no_norm_or_mean_nobody_reads(engine_factory):
+    plain = engine_factory(ga=2, paths=("split",), tx=with_capture(optax.sgd(0.1)))
+    assert len(_ops(plain.kernels["update"], "divide")) == 1
+    assert _ops(plain.kernels["update"], "sqrt") == []
+    clipped = engine_factory(ga=2, paths=("split",), tx=with_capture(optax.sgd(0.1)),
+                             gradient_clipping_threshold=1.0)
+    assert len(_ops(clipped.kernels["update"], "sqrt")) >= 1  # the norm exists when read
+
+
+def test_item09_metric_write_is_deferred_past_the_next_dispatch(engine_factory, monkeypatch):
+    engine = engine_factory(ga=2, paths=("split",))
+    events = []
+    for kernel in engine.kernels.values():
+        monkeypatch.setattr(kernel, "compiled", _logging(kernel.compiled, kernel.name, events))
+    publish = engine.recorder.publish_pending
+    monkeypatch.setattr(engine.recorder, "publish_pending",
+                        lambda: events.append(f"publish:{len(engine.recorder._pending)}")
+                        or publish())
+    batches = ragged_batches(counts=[30, 50])
+    run_split(engine, batches)
+    assert len(engine.recorder.history) == 0  # step 1 not read back at its own update
+    engine.fwd_bwd(batches[0])
+    assert len(engine.recorder.history) == 1
+    assert events[-2:] == ["fwd_bwd", "publish:1"]  # read back only after the next dispatch
+
+
+def _logging(compiled, name, events):
+    def call(*args):
+        events.append(name)
+        return compiled(*args)
+    return call
+
+
+def _metrics(value, aux=1.0):
+    return MicroBatchMetrics(jnp.float32(value), jnp.float32(2.0), {"z": jnp.float32(aux)})
+
+
+def test_item10_recorder_buffers_on_host_and_stacks_once_per_metric(monkeypatch, devices):
+    recorder = MetricsRecorder(window=8, nan_policy="raise")
+    device_gets, stacks = [], []
+    real_get, real_stack = jax.device_get, np.stack
+    monkeypatch.setattr(jax, "device_get", lambda x: device_gets.append(1) or real_get(x))
+    monkeypatch.setattr(np, "stack", lambda x, **k: stacks.append(1) or real_stack(x, **k))
+    values = [_metrics(v) for v in (1.0, 2.0, 3.0, 4.0)]
+    jax.block_until_ready(values)
+    with jax.transfer_guard("disallow"):
+        for m in values:
+            recorder.add(m)  # per micro-batch: list append only, no transfer
+    assert device_gets == [] and stacks == [] and recorder.buffered == 4
+    recorder.end_step(1, jnp.bool_(True))
+    recorder.publish_pending()
+    assert len(device_gets) == 1  # one transfer for the whole step
+    assert len(stacks) == 3  # loss_sum, denominator, aux z: once per metric
+    (record,) = recorder.history
+    assert record.loss == pytest.approx(10.0 / 8.0)
+    assert record.aux == {"z": pytest.approx(4.0 / 8.0)}
+
+
+def test_item10_validation_on_arrival_and_all_or_nothing_flush(devices):
+    recorder = MetricsRecorder(window=8, nan_policy="raise")
+    with pytest.raises(TypeError, match=r"metric 'aux\.name' has unsupported type str"):
+        recorder.add(MicroBatchMetrics(jnp.float32(1), jnp.float32(1), {"name": "x"}))
+    assert recorder.buffered == 0
+    recorder.add(_metrics(1.0))
+    recorder.end_step(1, jnp.bool_(True))
+    # A second pending step whose micro-batches disagree on aux keys cannot be stacked.
+    recorder.add(_metrics(1.0))
+    recorder.add(MicroBatchMetrics(jnp.float32(1), jnp.float32(1), {}))
+    recorder.end_step(2, jnp.bool_(True))
+    with pytest.raises(KeyError):
+        recorder.publish_pending()
+    assert len(recorder.history) == 0  # neither step was applied
+
+
+def test_item11_accumulator_is_float32_and_cast_follows_the_divide(engine_factory):
+    engine = engine_factory(
+        ga=2, paths=("split",), grad_dtype="bfloat16",
+        model_overrides={"param_dtype": "bfloat16", "dtype": "bfloat16"},
+        tx=with_capture(optax.sgd(0.1), dtype=jnp.bfloat16))
+    batches = ragged_batches(counts=[30, 50])
+    for mb in batches:
+        engine.fwd_bwd(mb)
+    acc = engine.accumulator
+    assert {g.dtype for g in jax.tree.leaves(acc.grads)} == {jnp.dtype(jnp.float32)}
+    inv = 1.0 / float(acc.denominator)
+    expected = jax.tree.map(lambda g: (g * jnp.float32(inv)).astype(jnp.bfloat16),
+                            jax.device_get(acc.grads))
+    engine.update()
+    captured = captured_gradient(engine.opt_state)
+    for got, want in zip(jax.tree.leaves(captured), jax.tree.leaves(expected), strict=True):
+        assert got.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+def test_item12_logged_loss_is_the_optimized_sum_over_sum(engine_factory):
+    engine = engine_factory(ga=4, paths=("split",))
+    run_split(engine, ragged_batches())
+    (record,) = engine.get_metrics()
+    sums, dens = record.micro_batch_loss_sums, record.micro_batch_denominators
+    assert record.loss == pytest.approx(sums.sum() / dens.sum(), rel=1e-12)
+    assert abs(record.loss - np.mean(sums / dens)) > 1e-3  # a mean of means would differ
+
+
+def test_item13_aux_loss_terms_are_differentiated(engine_factory):
+    loss = TokenCrossEntropy(z_loss_weight=0.5)
+    engine = engine_factory(ga=4, paths=("fused",), loss=loss)
+    with_z = exact_gradient(engine.model, ragged_batches(), loss)
+    without_z = exact_gradient(engine.model, ragged_batches(), TokenCrossEntropy())
+    engine.train_step(ragged_batches())
+    grads = captured_gradient(engine.opt_state)
+    assert rel_l2(grads, with_z) <= 1e-5
+    assert rel_l2(grads, without_z) > 1e-3
+    (record,) = engine.get_metrics()
+    assert record.loss == pytest.approx(record.aux["xent_sum"] + record.aux["z_loss_sum"])
+
+
+@pytest.mark.parametrize("ga", [1, 4])
+def test_item14_fused_step_is_one_executable(engine_factory, ga):
+    batches = ragged_batches() if ga == 4 else ragged_batches(counts=[40])
+    engine = engine_factory(ga=ga, paths=("fused",), example=batches[0])
+    assert set(engine.kernels) == {"train_step"}
+    engine.train_step(batches)
+    engine.train_step(batches)
+    assert engine.executions() == 2
+    if ga > 1:
+        assert "stablehlo.while" in engine.kernels["train_step"].lowered.as_text()
