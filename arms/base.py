@@ -88,7 +88,7 @@ class Arm(abc.ABC):
         """Executable calls per optimizer step as dispatched by `step` (0 before a step)."""
         return self.calls_per_step
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, most arms hold nothing to release
         """Releases the trainer (no-op by default)."""
 
 

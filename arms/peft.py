@@ -102,7 +102,7 @@ class PeftArm(Arm):
             for mb in micro_batches:
                 inputs = sharding_utils.shard_input(mb._asdict(), DATA_AXES)
                 throttler.wait_for_next()
-                loss, aux, _grad_norm = self.train_step(inputs)
+                loss, _aux, _grad_norm = self.train_step(inputs)
                 throttler.add_computation(loss)
                 self._losses.append(loss)
         self.calls_per_step = len(micro_batches)
