@@ -34,7 +34,7 @@ class StepMetrics:
     micro_batch_denominators: np.ndarray
     """[GA] denominator of each micro-batch."""
     aux: dict[str, float]
-    """Each aux sum divided by `denominator`."""
+    """Each aux sum divided by `denominator`, keyed without its "_sum" suffix."""
     applied: bool
     """False if the step loss was not finite and the update was skipped."""
 
@@ -139,7 +139,8 @@ class MetricsRecorder:
         return StepMetrics(
             step=step, loss=float(loss_sums.sum()) * scale, denominator=denominator,
             micro_batch_loss_sums=loss_sums, micro_batch_denominators=dens,
-            aux={k: float(np.asarray(v, np.float64).sum()) * scale for k, v in aux.items()},
+            aux={k.removesuffix("_sum"): float(np.asarray(v, np.float64).sum()) * scale
+                 for k, v in aux.items()},
             applied=applied)
 
 

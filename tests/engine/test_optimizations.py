@@ -280,7 +280,7 @@ def test_item13_aux_loss_terms_are_differentiated(engine_factory):
     assert rel_l2(grads, with_z) <= 1e-5
     assert rel_l2(grads, without_z) > 1e-3
     (record,) = engine.get_metrics()
-    assert record.loss == pytest.approx(record.aux["xent_sum"] + record.aux["z_loss_sum"])
+    assert record.loss == pytest.approx(record.aux["xent"] + record.aux["z_loss"])
 
 
 @pytest.mark.parametrize("ga", [1, 4])
