@@ -84,6 +84,10 @@ class Arm(abc.ABC):
                                            self.spec.model_config())
         return nnx.to_pure_dict(grads)
 
+    def kernel_calls_per_step(self) -> dict[str, int]:
+        """Calls of each executable per optimizer step (weights FLOPs per step)."""
+        return dict.fromkeys(self.executables(), 1)
+
     def executions_per_step(self) -> int:
         """Executable calls per optimizer step as dispatched by `step` (0 before a step)."""
         return self.calls_per_step
@@ -116,8 +120,18 @@ def _trainers() -> dict[str, ArmFactory]:
 TRAINERS = ("engine", "engine-fused", "native", "peft")
 
 
+_REGISTERED: dict[str, Callable[[CellSpec], Arm]] = {}
+
+
+def register(name: str, factory: Callable[[CellSpec], Arm]) -> None:
+    """Adds an arm by name (e.g. a test-only arm from a plugin module)."""
+    _REGISTERED[name] = factory
+
+
 def resolve(name: str) -> tuple[str, str]:
     """'peft-tunix' or 'engine:tunix' -> (trainer, model); a clear error lists the valid."""
+    if name in _REGISTERED:
+        return name, "registered"
     if name in NAMED_ARMS:
         return NAMED_ARMS[name]
     trainer, _, model = name.partition(":")
@@ -130,5 +144,7 @@ def resolve(name: str) -> tuple[str, str]:
 
 def make_arm(name: str, spec: CellSpec) -> Arm:
     """An unbuilt arm by name; call `.build()` to compile it."""
+    if name in _REGISTERED:
+        return _REGISTERED[name](spec)
     trainer, model = resolve(name)
     return _trainers()[trainer](spec, model)

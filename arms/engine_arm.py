@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import jax
+
 from arms.base import Arm, build_model
 from arms.capture import with_capture
 from engine import EngineConfig, TrainingEngine
@@ -27,15 +29,21 @@ class EngineArm(Arm):
         self.compile_seconds = time.perf_counter() - start
 
     def step(self, micro_batches):
-        before = self.engine.executions()
+        before = {name: k.calls for name, k in self.engine.kernels.items()}
         if self.fused:
             self.engine.train_step(micro_batches)
         else:
-            for mb in micro_batches:
-                self.engine.fwd_bwd(mb)
-            self.engine.update()
-        self.calls_per_step = self.engine.executions() - before
+            with jax.profiler.TraceAnnotation("fwd_bwd"):
+                for mb in micro_batches:
+                    self.engine.fwd_bwd(mb)
+            with jax.profiler.TraceAnnotation("update"):
+                self.engine.update()
+        self._calls = {name: k.calls - before[name] for name, k in self.engine.kernels.items()}
+        self.calls_per_step = sum(self._calls.values())
         return self.engine.params
+
+    def kernel_calls_per_step(self) -> dict[str, int]:
+        return dict(self._calls)
 
     def place(self, micro_batches):
         return [self.engine.place_batch(mb) for mb in micro_batches]

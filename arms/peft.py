@@ -111,6 +111,9 @@ class PeftArm(Arm):
     def executables(self):
         return {"train_step": self._compiled}
 
+    def kernel_calls_per_step(self) -> dict[str, int]:
+        return {"train_step": self.spec.ga}
+
     def opt_state(self):
         return self.peft.optimizer.opt_state
 

@@ -129,13 +129,14 @@ def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
 
 
-def check_fits(config: DecoderConfig, mesh: Mesh, batch_size: int | None = None) -> None:
+def check_fits(config: DecoderConfig, mesh: Mesh | Mapping[str, int],
+               batch_size: int | None = None) -> None:
     """Raises one clear ValueError if `config` (and `batch_size`) cannot be laid on `mesh`.
 
     Run before any compile: XLA's own messages for an indivisible sharding name neither the
     model field nor the fix.
     """
-    sizes = dict(mesh.shape)
+    sizes = dict(mesh.shape) if isinstance(mesh, Mesh) else parse_mesh_spec(mesh)
     tensor, fsdp = sizes.get("tensor", 1), sizes.get("fsdp", 1)
     by_tensor = {"num_kv_heads": config.num_kv_heads, "num_heads": config.num_heads,
                  "mlp_dim": config.mlp_dim, "vocab_size": config.vocab_size,

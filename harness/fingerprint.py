@@ -1,0 +1,70 @@
+"""The comparability fingerprint: what must match for two measurements to be compared."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "google-tunix")
+COMPARABLE_KEYS = ("versions", "backend", "device_kind", "device_count", "process_count",
+                   "xla_flags")
+"""Keys two records must share to be compared (git sha and dirtiness are what A/B varies)."""
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_state() -> dict:
+    sha = _git("rev-parse", "HEAD")
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    return {"git_sha": sha, "git_dirty": bool(dirty) if dirty is not None else None}
+
+
+def versions() -> dict[str, str | None]:
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def environment() -> dict:
+    """Fingerprint of this process's JAX environment (initializes the backend)."""
+    import jax
+
+    devices = jax.devices()
+    return {
+        **git_state(),
+        "versions": versions(),
+        "python": platform.python_version(),
+        "backend": jax.default_backend(),
+        "device_kind": devices[0].device_kind,
+        "device_count": jax.device_count(),
+        "local_device_count": jax.local_device_count(),
+        "process_count": jax.process_count(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "host": platform.node(),
+    }
+
+
+def comparable(a: dict, b: dict) -> list[str]:
+    """Keys on which two fingerprints differ (empty: comparable)."""
+    return [k for k in COMPARABLE_KEYS if a.get(k) != b.get(k)]
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(environment()))

@@ -1,0 +1,129 @@
+"""Measurement primitives: step-time statistics, GC pauses, RSS high-water, executable memory
+and FLOPs, MFU where the device's peak is known."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import os
+import statistics
+import time
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+
+# Dense bf16 peak FLOP/s per chip, by `device_kind`. MFU is reported against this peak only;
+# kinds not listed (CPU included) report FLOP/s without MFU.
+PEAK_BF16_FLOPS: dict[str, float] = {
+    "NVIDIA H100 80GB HBM3": 989e12,
+    "NVIDIA H200": 989e12,
+    "NVIDIA B200": 2250e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12,
+    "TPU7x": 2307e12,
+}
+
+
+def summarize(samples_ms: list[float]) -> dict[str, float]:
+    """median, mean, max, min, p90 and CV (stdev / mean) of per-step times in ms."""
+    if not samples_ms:
+        return {}
+    array = np.asarray(samples_ms, np.float64)
+    mean = float(array.mean())
+    return {
+        "median_ms": float(np.median(array)), "mean_ms": mean, "max_ms": float(array.max()),
+        "min_ms": float(array.min()), "p90_ms": float(np.percentile(array, 90)),
+        "cv": float(statistics.stdev(array) / mean) if len(array) > 1 and mean else 0.0,
+    }
+
+
+@dataclasses.dataclass
+class GCPauses:
+    """Counts garbage-collector runs and their total time while active."""
+
+    count: int = 0
+    total_ms: float = 0.0
+    _start: float | None = None
+
+    def _callback(self, phase: str, info: Mapping) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.count += 1
+            self.total_ms += (time.perf_counter() - self._start) * 1e3
+            self._start = None
+
+    @contextlib.contextmanager
+    def watch(self) -> Iterator[GCPauses]:
+        gc.callbacks.append(self._callback)
+        try:
+            yield self
+        finally:
+            gc.callbacks.remove(self._callback)
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        with open(f"/proc/{os.getpid()}/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+@contextlib.contextmanager
+def rss_high_water() -> Iterator[dict]:
+    """Process RSS high-water growth over the block (Linux: clear_refs resets VmHWM)."""
+    result: dict = {"rss_delta_bytes": None}
+    try:
+        with open(f"/proc/{os.getpid()}/clear_refs", "w") as refs:
+            refs.write("5")
+        before = _status_kib("VmRSS")
+    except OSError:
+        before = None
+    yield result
+    after = _status_kib("VmHWM")
+    if before is not None and after is not None:
+        result["rss_delta_bytes"] = max(0, after - before) * 1024
+
+
+def executable_memory(compiled) -> dict[str, int] | None:
+    """argument + output - alias + temp bytes of one compiled executable (per device)."""
+    try:
+        analysis = compiled.memory_analysis()
+    except Exception:  # backends without the analysis
+        return None
+    if analysis is None:
+        return None
+    parts = {"argument": analysis.argument_size_in_bytes,
+             "output": analysis.output_size_in_bytes,
+             "alias": analysis.alias_size_in_bytes,
+             "temp": analysis.temp_size_in_bytes}
+    parts["total"] = parts["argument"] + parts["output"] - parts["alias"] + parts["temp"]
+    return parts
+
+
+def executable_flops(compiled) -> float | None:
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:
+        return None
+    if isinstance(cost, list):
+        cost = cost[0] if cost else None
+    if not cost or "flops" not in cost:
+        return None
+    return float(cost["flops"])
+
+
+def peak_bytes_in_use(devices) -> int | None:
+    """max over local devices of memory_stats()['peak_bytes_in_use'] (None where missing)."""
+    peaks = []
+    for device in devices:
+        stats = device.memory_stats()
+        if stats and "peak_bytes_in_use" in stats:
+            peaks.append(int(stats["peak_bytes_in_use"]))
+    return max(peaks) if peaks else None

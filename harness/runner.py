@@ -1,0 +1,128 @@
+"""Runs a grid: one subprocess per cell, a record per cell whatever happens to it."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from harness import results
+from harness.worker import CellRun
+
+STDERR_TAIL = 4000
+
+
+def cpu_env(cpu_devices: int | None, base: dict | None = None) -> dict[str, str]:
+    """The environment cells run in; `cpu_devices` emulates that many CPU devices."""
+    env = dict(os.environ if base is None else base)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if cpu_devices:
+        flags = [f for f in env.get("XLA_FLAGS", "").split()
+                 if not f.startswith("--xla_force_host_platform_device_count")]
+        flags.append(f"--xla_force_host_platform_device_count={cpu_devices}")
+        env["XLA_FLAGS"] = " ".join(flags)
+    return env
+
+
+def probe(env: dict[str, str], timeout_s: float = 120) -> dict:
+    """The fingerprint of the environment cells will see, from a short subprocess."""
+    proc = subprocess.run([sys.executable, "-m", "harness.fingerprint"], env=env,
+                          capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"could not start JAX in a subprocess:\n{proc.stderr[-STDERR_TAIL:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _failure(reason: str, message: str, stderr: str) -> dict:
+    return {"status": "failed", "error": {"reason": reason, "message": message,
+                                          "stderr_tail": stderr[-STDERR_TAIL:]}}
+
+
+def run_one(cell: CellRun, env: dict[str, str], timeout_s: float,
+            cwd: Path | None = None) -> dict:
+    """Runs `cell` in a fresh process; never raises for what happens inside the cell."""
+    with tempfile.TemporaryDirectory(prefix="parity-cell-") as tmp:
+        out = Path(tmp) / "record.json"
+        err_path = Path(tmp) / "stderr.txt"
+        command = [sys.executable, "-m", "harness.worker", "--cell",
+                   json.dumps(dataclasses.asdict(cell)), "--out", str(out)]
+        start = time.perf_counter()
+        with err_path.open("w") as stderr:
+            # Own process group: a timeout kills the cell and anything it started.
+            proc = subprocess.Popen(command, env=env, stdout=stderr, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=cwd)
+            try:
+                code = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                code = None
+            except BaseException:  # SIGINT in the parent: take the cell down with it
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise
+        stderr_text = err_path.read_text(errors="replace")
+        elapsed = time.perf_counter() - start
+        if code is None:
+            record = _failure("timeout", f"cell exceeded its {timeout_s:.0f} s timeout",
+                              stderr_text)
+        elif out.exists():
+            record = json.loads(out.read_text())
+            if record.get("error"):
+                record["error"]["stderr_tail"] = stderr_text[-STDERR_TAIL:]
+        elif code < 0 and -code == signal.SIGKILL:
+            record = _failure("killed", "cell process was killed (SIGKILL: out of memory?)",
+                              stderr_text)
+        elif "RESOURCE_EXHAUSTED" in stderr_text or "Out of memory" in stderr_text:
+            record = _failure("oom", f"cell ran out of memory (exit code {code})", stderr_text)
+        else:
+            record = _failure("crash", f"cell process exited with code {code} without a "
+                                       "record", stderr_text)
+    record["wall_s"] = elapsed
+    return record
+
+
+def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, str],
+             timeout_s: float, run_id: str | None = None, suite: str | None = None,
+             on_record: Callable[[int, dict], None] | None = None, cwd: Path | None = None,
+             extra: dict | None = None, fingerprint: dict | None = None,
+             ) -> tuple[Path, list[dict]]:
+    """Runs every cell, appending each record to `out_dir/<run_id>.jsonl` as it finishes.
+
+    `cwd` is where cells run (an A/B worktree); `extra` is merged into every record;
+    `fingerprint` stands in for cells that died before writing their own.
+    """
+    run_id = run_id or datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = Path(out_dir) / f"{run_id}{'-' + suite if suite else ''}.jsonl"
+    records = []
+    for index, cell in enumerate(cells):
+        record = run_one(cell, env, timeout_s, cwd)
+        record.update({
+            "schema": results.SCHEMA, "run_id": run_id, "suite": suite,
+            "arm": cell.arm, "spec": cell.spec, "config_hash": _config_hash(cell),
+            "run": {"steps": cell.steps, "warmup": cell.warmup, "trace": cell.trace,
+                    "trace_steps": cell.trace_steps, "parity": cell.parity},
+            "timestamp": datetime.datetime.now(datetime.UTC).isoformat(),
+            **(extra or {}),
+        })
+        if not record.get("fingerprint"):
+            record["fingerprint"] = fingerprint
+        results.append(path, record)
+        records.append(record)
+        if on_record:
+            on_record(index, record)
+    return path, records
+
+
+def _config_hash(cell: CellRun) -> str:
+    from arms.spec import CellSpec
+
+    return CellSpec.from_dict(cell.spec).config_hash()

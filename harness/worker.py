@@ -1,0 +1,222 @@
+"""Runs one cell in this (fresh) process and writes its record: `python -m harness.worker`.
+
+Order inside the cell: build + compile (timed apart) -> the first warmup step, whose captured
+gradient is kept for the parity check -> the other warmup steps -> the untraced timed window
+(per-step wall, dispatch and wait; GC pauses; RSS high-water) -> memory and FLOPs of the
+executables -> an optional traced window (never the timed one) -> the exact reference
+gradient, computed last so its memory cannot pollute the measured peaks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+import traceback
+
+STEP_ANNOTATION = "train"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CellRun:
+    """One cell as the runner hands it to a worker."""
+
+    arm: str
+    """Arm name (arms.base.resolve)."""
+    spec: dict
+    """arms.spec.CellSpec as a dict."""
+    steps: int = 10
+    """Timed steps."""
+    warmup: int = 3
+    """Untimed steps before timing (>= 1: the first one is the parity step)."""
+    trace: bool = False
+    """Capture and parse a separate traced window after timing."""
+    trace_steps: int = 3
+    """Steps in the traced window."""
+    trace_dir: str | None = None
+    """Parent directory for the trace (a fresh subdirectory per capture)."""
+    parity: bool = True
+    """Compare the first step's captured gradient with the exact reference."""
+    plugins: tuple[str, ...] = ()
+    """Modules to import first (they may register extra arms, e.g. test-only ones)."""
+
+
+class CompileCounter:
+    """Counts backend compiles through a jax.monitoring listener."""
+
+    def __init__(self):
+        import jax
+
+        self.count = 0
+        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+    def _on_event(self, event: str, duration: float, **kwargs) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+
+
+def _block(out) -> None:
+    import jax
+
+    jax.block_until_ready(out)
+
+
+def run_cell(run: CellRun) -> dict:
+    """Measures one cell in this process; returns the record's measured sections."""
+    import importlib
+
+    for module in run.plugins:
+        importlib.import_module(module)
+
+    import jax
+
+    from arms.base import make_arm
+    from arms.spec import CellSpec
+    from harness import measure
+
+    if run.warmup < 1:
+        raise ValueError("warmup must be >= 1 (the first warmup step is the parity step)")
+    spec = CellSpec.from_dict(run.spec)
+    compiles = CompileCounter()
+    arm = make_arm(run.arm, spec)
+    start = time.perf_counter()
+    arm.build()
+    build_s = time.perf_counter() - start
+    batches = arm.place(spec.micro_batches(0))
+
+    _block(arm.step(batches))  # warmup 1: the parity step
+    first_loss = arm.last_loss()
+    if not math.isfinite(first_loss):
+        raise FloatingPointError(f"non-finite loss {first_loss} at step 1 of arm {run.arm}; "
+                                 "check the learning rate, dtype and data of this cell")
+    captured = jax.device_get(arm.captured_gradient()) if run.parity else None
+    for _ in range(run.warmup - 1):
+        _block(arm.step(batches))
+    compiles_after_warmup = compiles.count
+
+    step_ms, dispatch_ms, wait_ms = [], [], []
+    gc_pauses = measure.GCPauses()
+    with gc_pauses.watch(), measure.rss_high_water() as rss:
+        for _ in range(run.steps):
+            t0 = time.perf_counter()
+            out = arm.step(batches)
+            t1 = time.perf_counter()
+            _block(out)
+            t2 = time.perf_counter()
+            step_ms.append((t2 - t0) * 1e3)
+            dispatch_ms.append((t1 - t0) * 1e3)
+            wait_ms.append((t2 - t1) * 1e3)
+    recompiles = compiles.count - compiles_after_warmup
+    summary = measure.summarize(step_ms)
+    tokens = spec.batch * spec.seq
+
+    executables = arm.executables()
+    calls = arm.kernel_calls_per_step()
+    memory = {name: measure.executable_memory(c) for name, c in executables.items()}
+    flops = {name: measure.executable_flops(c) for name, c in executables.items()}
+    step_flops = (sum(flops[n] * calls.get(n, 0) for n in flops)
+                  if all(v is not None for v in flops.values()) else None)
+    device = jax.local_devices()[0]
+    peak = measure.PEAK_BF16_FLOPS.get(device.device_kind)
+    flops_per_s = step_flops / (summary["median_ms"] / 1e3) if step_flops else None
+    record = {
+        "timing": {
+            "steps": run.steps, "warmup": run.warmup, "step_ms": step_ms,
+            "dispatch_ms": dispatch_ms, "wait_ms": wait_ms, "summary": summary,
+            "gc": {"count": gc_pauses.count, "total_ms": gc_pauses.total_ms},
+            "tokens_per_step": tokens,
+            "tokens_per_s": tokens / (summary["median_ms"] / 1e3),
+            "build_s": build_s, "compile_s": arm.compile_seconds,
+            "recompiles_after_warmup": recompiles,
+            "executions_per_step_dispatched": arm.executions_per_step(),
+        },
+        "flops": {
+            "per_step": step_flops, "flops_per_s": flops_per_s,
+            "mfu_vs_bf16_peak": (flops_per_s / (peak * jax.device_count())
+                                 if flops_per_s and peak else None),
+            "per_executable": flops, "calls_per_step": calls,
+        },
+        "memory": {
+            "peak_bytes_in_use": measure.peak_bytes_in_use(jax.local_devices()),
+            "executables": memory,
+            "planned_bytes": max((m["total"] for m in memory.values() if m), default=None),
+            "rss_delta_bytes": rss["rss_delta_bytes"],
+        },
+        "trace": _traced_window(arm, batches, run) if run.trace else None,
+        "parity": _parity(spec, captured, first_loss) if run.parity else None,
+    }
+    arm.close()
+    return record
+
+
+def _traced_window(arm, batches, run: CellRun) -> dict:
+    import jax
+
+    from harness import trace
+
+    with trace.capture(run.trace_dir) as directory:
+        for i in range(run.trace_steps):
+            with jax.profiler.StepTraceAnnotation(STEP_ANNOTATION, step_num=i):
+                _block(arm.step(batches))
+    path = trace.find_xplane(directory)
+    steps = trace.parse_steps(path)
+    return {
+        "xplane": path, "logdir": directory,
+        "executions_per_step": [s.executions for s in steps],
+        "modules_per_step": [list(s.modules) for s in steps],
+        "step_ms": [s.wall_ns / 1e6 for s in steps],
+        "busy_ms": [s.busy_ns / 1e6 for s in steps],
+        "host_ms": [(s.wall_ns - s.busy_ns) / 1e6 for s in steps],
+    }
+
+
+def _parity(spec, captured, first_loss: float) -> dict:
+    from arms.workload import (
+        denominators,
+        exact_loss_and_gradient,
+        fingerprint,
+        global_norm,
+        rel_l2,
+    )
+    from engine.model import build_decoder
+
+    batches = spec.micro_batches(0)
+    reference = build_decoder(spec.model_config(), seed=spec.seed)
+    exact_loss, exact = exact_loss_and_gradient(reference, batches, spec.loss_fn())
+    return {
+        "data_fingerprint": fingerprint(batches),
+        "denominators": denominators(batches),
+        "denominator": sum(denominators(batches)),
+        "loss": first_loss, "exact_loss": exact_loss,
+        "loss_rel_error": abs(first_loss - exact_loss) / abs(exact_loss) if exact_loss else None,
+        "grad_l2": global_norm(captured), "exact_grad_l2": global_norm(exact),
+        "rel_l2": rel_l2(captured, exact),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Runs one parity cell (used by `parity run`).")
+    parser.add_argument("--cell", required=True, help="CellRun as JSON")
+    parser.add_argument("--out", required=True, help="file the record JSON is written to")
+    args = parser.parse_args(argv)
+    run = CellRun(**json.loads(args.cell))
+    from harness.fingerprint import environment
+
+    try:
+        measured = run_cell(run)
+        result = {"status": "ok", "error": None, **measured}
+    except Exception as err:  # recorded, not raised: the grid goes on
+        result = {"status": "failed",
+                  "error": {"reason": "exception", "message": f"{type(err).__name__}: {err}",
+                            "traceback": traceback.format_exc()[-4000:]}}
+    result["fingerprint"] = environment()
+    with open(args.out, "w") as out:
+        json.dump(result, out)
+    return 0 if result["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

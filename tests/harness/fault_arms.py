@@ -1,0 +1,58 @@
+"""Test-only arms: the real native arm with an injected fault, registered by name.
+
+Loaded into `parity run` with `--plugin tests.harness.fault_arms`; never part of the product.
+"""
+
+import os
+import time
+
+from arms.base import register
+from arms.native import NativeArm
+
+
+class _Faulty(NativeArm):
+    fault = "none"
+
+    def __init__(self, spec):
+        super().__init__(spec, "decoder")
+
+    def build(self):
+        if self.fault == "exit":
+            os._exit(1)  # a hard crash: no record, no traceback
+        super().build()
+
+    def step(self, micro_batches):
+        if self.fault == "raise":
+            raise RuntimeError("injected failure in step")
+        if self.fault == "hang":
+            time.sleep(3600)
+        return super().step(micro_batches)
+
+
+def _make(fault):
+    return type(f"Fault_{fault}", (_Faulty,), {"fault": fault, "trainer": f"test-{fault}"})
+
+
+for _fault in ("raise", "exit", "hang"):
+    register(f"test-{_fault}", _make(_fault))
+
+
+def _slow_down(arm_class, fraction):
+    """Makes every step of `arm_class` sleep `fraction` of its own measured duration."""
+    original = arm_class.step
+
+    def step(self, micro_batches):
+        import jax
+
+        start = time.perf_counter()
+        out = original(self, micro_batches)
+        jax.block_until_ready(out)
+        time.sleep(fraction * (time.perf_counter() - start))
+        return out
+
+    arm_class.step = step
+
+
+# The test-only switch of the nightly test: PARITY_TEST_SLOWDOWN=0.2 slows the native arm.
+if os.environ.get("PARITY_TEST_SLOWDOWN"):
+    _slow_down(NativeArm, float(os.environ["PARITY_TEST_SLOWDOWN"]))

@@ -1,0 +1,109 @@
+"""Nightly regression detection and A/B of git refs, end to end on real runs."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.regression import against_history, compare, is_regression, verdict
+
+REPO = Path(__file__).resolve().parents[2]
+CELL = ["--arms", "native", "--preset", "tiny", "--seq", "128", "--batch", "8", "--ga", "1",
+        "--steps", "15", "--warmup", "2", "--no-parity"]
+
+
+def _env(**extra):
+    env = dict(os.environ, PYTHONPATH=str(REPO), **extra)
+    env.pop("XLA_FLAGS", None)
+    return env
+
+
+def test_compare_separates_a_20_percent_shift_from_noise():
+    rng = np.random.default_rng(0)
+    base = [rng.normal(100, 5, 20) for _ in range(3)]
+    same = [rng.normal(100, 5, 20) for _ in range(3)]
+    slower = [rng.normal(120, 5, 20) for _ in range(3)]
+    assert verdict(compare(base, same)) == "no detectable difference"
+    c = compare(base, slower)
+    assert verdict(c) == "slower" and c.low > 1.0 and is_regression(c, 0.05)
+    assert not is_regression(compare(base, [rng.normal(103, 5, 20)]), 0.05)
+
+
+def _record(run_id, samples, backend="cpu"):
+    return {"arm": "native", "config_hash": "h", "status": "ok", "run_id": run_id,
+            "run": {"steps": len(samples), "warmup": 1}, "timestamp": run_id,
+            "fingerprint": {"backend": backend, "versions": {"jax": "0.10.2"}},
+            "timing": {"step_ms": list(samples)}}
+
+
+def test_history_of_another_environment_is_never_compared():
+    history = [_record("r1", [100.0] * 10, backend="gpu")]
+    (row,) = against_history([_record("r2", [150.0] * 10)], history, threshold=0.05)
+    assert row.status == "first run (baseline)" and row.comparison is None
+
+
+def _nightly(history, **env):
+    return subprocess.run([sys.executable, "-m", "harness.cli", "nightly", *CELL, "--plugin",
+                           "tests.harness.fault_arms", "--history", str(history)],
+                          env=_env(**env), capture_output=True, text=True, timeout=300)
+
+
+def test_nightly_labels_a_first_run_then_flags_an_injected_20_percent_slowdown(tmp_path):
+    first = _nightly(tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "first run (baseline)" in first.stdout
+    same = _nightly(tmp_path)
+    assert same.returncode == 0, same.stdout + same.stderr
+    slow = _nightly(tmp_path, PARITY_TEST_SLOWDOWN="0.2")
+    assert slow.returncode == 1, slow.stdout + slow.stderr
+    assert "| regression |" in slow.stdout
+    assert list((tmp_path / "nightly").glob("regression_*.png"))
+
+
+@pytest.fixture(scope="module")
+def two_commits(tmp_path_factory):
+    """A clone of this repo with one more commit that makes the native arm 20% slower."""
+    clone = tmp_path_factory.mktemp("clone") / "repo"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    shutil.copy(REPO / "tests/harness/fault_arms.py", clone / "tests/harness/fault_arms.py")
+    native = clone / "arms" / "native.py"
+    native.write_text(native.read_text() + (
+        "\n\nimport tests.harness.fault_arms as _faults  # noqa: E402\n"
+        "_faults._slow_down(NativeArm, 0.2)\n"))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "-A"], cwd=clone, check=True)
+    subprocess.run([*git, "commit", "-qm", "slow native"], cwd=clone, check=True)
+    return clone
+
+
+def _ab(clone, *refs, extra=()):
+    return subprocess.run([sys.executable, "-m", "harness.cli", "ab", *refs, *CELL,
+                           "--steps", "10", "--out", str(clone / "ab-out"), *extra],
+                          cwd=clone, env=dict(_env(), PYTHONPATH=str(clone)),
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_ab_between_two_real_commits_flags_the_slower_one(two_commits):
+    proc = _ab(two_commits, "HEAD~1", "HEAD")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("| native"))
+    ratio, ci = row.split("|")[4].split("[")
+    low, high = (float(x) for x in ci.strip(" ]").split(","))
+    assert "| slower |" in row and low > 1.0 and 1.1 < float(ratio) < 1.4
+    assert (two_commits / "ab-out" / "ab.md").exists()
+
+
+def test_ab_refuses_unknown_refs_and_a_dirty_head(two_commits):
+    unknown = _ab(two_commits, "HEAD", "no-such-branch")
+    assert unknown.returncode == 2 and "unknown git ref 'no-such-branch'" in unknown.stderr
+    readme = two_commits / "README.md"
+    readme.write_text(readme.read_text() + "\nlocal edit\n")
+    try:
+        dirty = _ab(two_commits, "HEAD", "HEAD")
+        assert dirty.returncode == 2 and "uncommitted changes" in dirty.stderr
+    finally:
+        subprocess.run(["git", "checkout", "README.md"], cwd=two_commits, check=True)

@@ -1,0 +1,114 @@
+"""The runner end to end: real subprocesses, real arms, injected faults."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import results
+from harness.grid import expand
+from harness.runner import cpu_env, run_grid
+
+PLUGIN = "tests.harness.fault_arms"
+TINY = {"preset": "tiny", "seq": 16, "batch": 4, "steps": 2, "warmup": 1}
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _env():
+    env = cpu_env(None)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("XLA_FLAGS", None)
+    return env
+
+
+def test_failing_cells_are_recorded_and_the_grid_completes(tmp_path):
+    import tests.harness.fault_arms  # noqa: F401 - registers the test arms for expand()
+
+    cells = expand({**TINY, "arms": ["native", "test-raise", "test-exit", "test-hang",
+                                     "engine"], "trace": True, "trace_steps": 2})
+    cells = [c.__class__(**{**c.__dict__, "plugins": (PLUGIN,), "trace_dir": str(tmp_path)})
+             for c in cells]
+    path, records = run_grid(cells, tmp_path, env=_env(), timeout_s=60)
+    by_arm = {r["arm"]: r for r in records}
+    assert by_arm["native"]["status"] == "ok" and by_arm["engine"]["status"] == "ok"
+    assert by_arm["test-raise"]["error"]["reason"] == "exception"
+    assert "injected failure in step" in by_arm["test-raise"]["error"]["message"]
+    assert by_arm["test-exit"]["error"]["reason"] == "crash"
+    assert "exited with code 1" in by_arm["test-exit"]["error"]["message"]
+    assert by_arm["test-hang"]["error"]["reason"] == "timeout"
+    # The trace parse on CPU: native is one execution per step, split engine GA=1 two.
+    assert by_arm["native"]["trace"]["executions_per_step"] == [1, 1]
+    assert by_arm["engine"]["trace"]["executions_per_step"] == [2, 2]
+    assert Path(by_arm["engine"]["trace"]["xplane"]).exists()
+    # Every record is on disk, in order, as valid JSONL.
+    assert [r["arm"] for r in results.read(path)] == [c.arm for c in cells]
+    ok = by_arm["native"]
+    assert len(ok["timing"]["step_ms"]) == 2
+    assert ok["parity"]["rel_l2"] <= 1e-5
+    assert ok["fingerprint"]["backend"] == "cpu"
+    assert ok["memory"]["executables"]["step"]["total"] > 0
+
+
+def test_sigint_keeps_finished_cells_and_valid_jsonl(tmp_path):
+    command = [sys.executable, "-m", "harness.cli", "run", "--arms", "native,native,native",
+               "--preset", "tiny", "--seq", "16,32,64", "--batch", "4", "--ga", "1",
+               "--steps", "2", "--warmup", "1", "--no-parity", "--out", str(tmp_path)]
+    proc = subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        files = list(tmp_path.glob("*.jsonl"))
+        if files and files[0].read_text().count("\n") >= 1:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    records = results.read(files[0])  # raises on any torn line
+    assert 1 <= len(records) < 9
+    assert all(r["status"] == "ok" for r in records)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--arms", "engine,warp"], "unknown arm 'warp'; valid arms"),
+    (["--preset", "giant"], "unknown model preset 'giant'"),
+    (["--suite", "nope"], "unknown suite 'nope'; valid suites: cpu-default"),
+    (["--batch", "8", "--ga", "3"], "--ga 3 does not divide --batch 8"),
+    (["--mesh", "fsdp=4"], "mesh 'fsdp=4' needs 4 devices but this cpu host has 1; on CPU "
+                           "pass --cpu-devices"),
+    (["--mesh", "tensor=4", "--cpu-devices", "4"], "more tensor shards than kv heads"),
+])
+def test_bad_input_is_one_clear_error_before_any_cell(tmp_path, args, message):
+    base = ["--arms", "native", "--preset", "tiny", "--seq", "16", "--batch", "4"]
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", *base, *args,
+                           "--out", str(tmp_path)], env=_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+def test_results_reader_names_file_and_line(tmp_path):
+    path = tmp_path / "r.jsonl"
+    results.append(path, {"schema": 1, "x": float("nan")})
+    assert results.read(path) == [{"schema": 1, "x": None}]
+    with path.open("a") as f:
+        f.write('{"schema": 1, "cut')
+    with pytest.raises(results.ResultsError, match=r"r.jsonl:2: not valid JSON"):
+        results.read(path)
+    with pytest.raises(results.ResultsError, match="no such results directory"):
+        results.read_dir(tmp_path / "missing")
+
+
+def test_env_prints_the_fingerprint():
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "env"], env=_env(),
+                          capture_output=True, text=True, timeout=120)
+    env = json.loads(proc.stdout)
+    assert env["backend"] == "cpu" and env["versions"]["jax"] == "0.10.2"
+    assert len(env["git_sha"]) == 40
