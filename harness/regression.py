@@ -14,6 +14,7 @@ process count), arm and cell config are ever compared.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,7 +28,7 @@ CONFIDENCE = 0.95
 def cell_key(record: dict) -> tuple:
     """Records with equal keys measure the same thing in the same environment."""
     fp = record.get("fingerprint") or {}
-    env = tuple(str(fp.get(k)) for k in COMPARABLE_KEYS)
+    env = tuple(json.dumps(fp.get(k), sort_keys=True) for k in COMPARABLE_KEYS)
     return (record["arm"], record["config_hash"], record["run"]["steps"],
             record["run"]["warmup"], *env)
 
