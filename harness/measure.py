@@ -26,6 +26,21 @@ PEAK_BF16_FLOPS: dict[str, float] = {
 }
 
 
+def timed_steps(step, steps: int, block) -> tuple[list[float], list[float], list[float]]:
+    """Runs `step()` `steps` times, blocking on each result: (wall, dispatch, wait) in ms."""
+    step_ms, dispatch_ms, wait_ms = [], [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        out = step()
+        t1 = time.perf_counter()
+        block(out)
+        t2 = time.perf_counter()
+        step_ms.append((t2 - t0) * 1e3)
+        dispatch_ms.append((t1 - t0) * 1e3)
+        wait_ms.append((t2 - t1) * 1e3)
+    return step_ms, dispatch_ms, wait_ms
+
+
 def summarize(samples_ms: list[float]) -> dict[str, float]:
     """median, mean, max, min, p90 and CV (stdev / mean) of per-step times in ms."""
     if not samples_ms:

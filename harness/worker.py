@@ -97,18 +97,10 @@ def run_cell(run: CellRun) -> dict:
         _block(arm.step(batches))
     compiles_after_warmup = compiles.count
 
-    step_ms, dispatch_ms, wait_ms = [], [], []
     gc_pauses = measure.GCPauses()
     with gc_pauses.watch(), measure.rss_high_water() as rss:
-        for _ in range(run.steps):
-            t0 = time.perf_counter()
-            out = arm.step(batches)
-            t1 = time.perf_counter()
-            _block(out)
-            t2 = time.perf_counter()
-            step_ms.append((t2 - t0) * 1e3)
-            dispatch_ms.append((t1 - t0) * 1e3)
-            wait_ms.append((t2 - t1) * 1e3)
+        step_ms, dispatch_ms, wait_ms = measure.timed_steps(lambda: arm.step(batches),
+                                                            run.steps, _block)
     recompiles = compiles.count - compiles_after_warmup
     summary = measure.summarize(step_ms)
     tokens = spec.batch * spec.seq

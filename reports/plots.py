@@ -7,10 +7,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
-from reports.tables import ok  # noqa: E402
+from reports.tables import ok
 
 SIZE = (10.0, 5.0)
 DPI = 80

@@ -92,7 +92,7 @@ def test_ab_between_two_real_commits_flags_the_slower_one(two_commits):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     row = next(line for line in proc.stdout.splitlines() if line.startswith("| native"))
     ratio, ci = row.split("|")[4].split("[")
-    low, high = (float(x) for x in ci.strip(" ]").split(","))
+    low, _high = (float(x) for x in ci.strip(" ]").split(","))
     assert "| slower |" in row and low > 1.0 and 1.1 < float(ratio) < 1.4
     assert (two_commits / "ab-out" / "ab.md").exists()
 

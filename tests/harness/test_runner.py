@@ -1,5 +1,6 @@
 """The runner end to end: real subprocesses, real arms, injected faults."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -29,12 +30,14 @@ def _env():
 def test_failing_cells_are_recorded_and_the_grid_completes(tmp_path):
     import tests.harness.fault_arms  # noqa: F401 - registers the test arms for expand()
 
-    cells = expand({**TINY, "arms": ["native", "test-raise", "test-exit", "test-hang",
-                                     "engine"], "trace": True, "trace_steps": 2})
-    cells = [c.__class__(**{**c.__dict__, "plugins": (PLUGIN,), "trace_dir": str(tmp_path)})
-             for c in cells]
-    path, records = run_grid(cells, tmp_path, env=_env(), timeout_s=60)
-    by_arm = {r["arm"]: r for r in records}
+    cells = expand({**TINY, "arms": ["native", "test-raise", "test-exit", "engine"],
+                    "trace": True, "trace_steps": 2})
+    cells = [dataclasses.replace(c, plugins=(PLUGIN,), trace_dir=str(tmp_path)) for c in cells]
+    path, records = run_grid(cells, tmp_path, env=_env(), timeout_s=300)
+    (hang,) = expand({**TINY, "arms": ["test-hang"]})
+    _, hung = run_grid([dataclasses.replace(hang, plugins=(PLUGIN,))], tmp_path, env=_env(),
+                       timeout_s=10, run_id="hang")
+    by_arm = {r["arm"]: r for r in records + hung}
     assert by_arm["native"]["status"] == "ok" and by_arm["engine"]["status"] == "ok"
     assert by_arm["test-raise"]["error"]["reason"] == "exception"
     assert "injected failure in step" in by_arm["test-raise"]["error"]["message"]
