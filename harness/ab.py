@@ -116,7 +116,9 @@ def markdown(ref_a: str, ref_b: str, rows: Sequence[ABRow], rounds: int) -> str:
         f"## A/B: {ref_a} (A) vs {ref_b} (B)", "",
         f"{rounds} interleaved rounds (A B A B ...), each cell in its own process. Ratio = "
         "median B / median A (above 1.00: B is slower); 95% CI from a bootstrap over rounds "
-        "and steps; MDE = the smallest relative difference these samples can detect.", "",
+        "and steps; a verdict needs the CI to exclude 1.00 and a difference of at least "
+        f"{regression.MIN_EFFECT:.0%}; MDE = the smallest relative difference these samples "
+        "can detect.", "",
         "| cell | A median ms | B median ms | B/A [95% CI] | verdict | MDE |",
         "|---|---|---|---|---|---|",
     ]

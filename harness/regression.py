@@ -5,8 +5,9 @@ comparable baseline by the ratio of medians new/old and its 95% bootstrap CI. Sa
 grouped by run (process) and the bootstrap resamples runs first, then steps inside each run,
 so run-to-run variation (memory layout, machine state) widens the interval as it should.
 - regression (nightly): ratio >= 1 + threshold AND the CI's lower bound > 1;
-- A/B verdict: "slower" if the CI lies above 1, "faster" if below, else "no detectable
-  difference"; the minimum detectable effect is the CI's half-width relative to the ratio.
+- A/B verdict: "slower" if the CI lies above 1 and the ratio is at least 1 + MIN_EFFECT,
+  "faster" symmetrically, else "no detectable difference"; the minimum detectable effect is
+  the CI's half-width relative to the ratio.
 Only records with the same fingerprint (versions, backend, device kind and count, XLA flags,
 process count), arm and cell config are ever compared.
 """
@@ -72,10 +73,16 @@ def is_regression(c: Comparison, threshold: float) -> bool:
     return c.ratio >= 1 + threshold and c.low > 1.0
 
 
-def verdict(c: Comparison) -> str:
-    if c.low > 1.0:
+MIN_EFFECT = 0.02
+"""A/B differences smaller than this are reported as no detectable difference even when the
+CI excludes 1.00 (practical equivalence: a 1% shift between two processes is machine state,
+not code)."""
+
+
+def verdict(c: Comparison, min_effect: float = MIN_EFFECT) -> str:
+    if c.low > 1.0 and c.ratio >= 1 + min_effect:
         return "slower"
-    if c.high < 1.0:
+    if c.high < 1.0 and c.ratio <= 1 - min_effect:
         return "faster"
     return "no detectable difference"
 
