@@ -13,6 +13,7 @@ from arms.capture import captured_gradient
 from arms.spec import CellSpec
 from arms.workload import MicroBatch
 from engine.model import batch_sharding, build_decoder
+from engine.model.sharding import place_global_batch
 
 MODELS = ("decoder", "tunix")
 """Model kinds: our MaxText-style decoder, or Tunix's Qwen3 holding the same weights."""
@@ -69,9 +70,10 @@ class Arm(abc.ABC):
         """The loss the trainer reports for the last optimizer step."""
 
     def place(self, micro_batches: Sequence[MicroBatch]) -> list[MicroBatch]:
-        """Micro-batches transferred into the batch sharding (done before timing)."""
+        """Micro-batches transferred into the batch sharding (done before timing); under
+        jax.distributed each process contributes its own rows."""
         sharding = batch_sharding(self.mesh)
-        return [jax.device_put(mb, sharding) for mb in micro_batches]
+        return [place_global_batch(mb, sharding) for mb in micro_batches]
 
     def captured_gradient(self) -> Any:
         """The gradient the optimizer saw in the last step, in our decoder's layout (Tunix's

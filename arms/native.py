@@ -59,7 +59,8 @@ class NativeArm(Arm):
             opt_state = jax.jit(tx.init)(params)
         opt_sh = jax.tree.map(lambda x: x.sharding, opt_state)
         batch_sh = batch_sharding(self.mesh)
-        example = spec.micro_batches()[0]
+        example = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sh),
+                               spec.micro_batches()[0])
         scalar = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
 
         def step(params, rest, opt_state, batches):

@@ -29,7 +29,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from engine import checkpoint, kernels
 from engine.config import EngineConfig
 from engine.metrics import InflightThrottler, MetricsRecorder, StepMetrics, validate
-from engine.model.sharding import LOGICAL_AXIS_RULES, LogicalRules, named_shardings
+from engine.model.sharding import (
+    LOGICAL_AXIS_RULES,
+    LogicalRules,
+    named_shardings,
+    place_global_batch,
+)
 from engine.model.sharding import sharding_context as _sharding_context
 
 
@@ -258,8 +263,10 @@ class TrainingEngine:
 
         A batch already on one device would otherwise be resharded by an extra execution
         on every call; numpy batches are transferred by the call itself and need no placing.
+        Under jax.distributed every process passes the same global micro-batch and
+        contributes its own rows.
         """
-        return jax.device_put(micro_batch, self._batch_shardings)
+        return place_global_batch(micro_batch, self._batch_shardings)
 
     def _kernel(self, name: str) -> Kernel:
         if name not in self.kernels:

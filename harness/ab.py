@@ -55,14 +55,17 @@ class ABRow:
     b_median: float
     comparison: regression.Comparison
 
+    min_effect: float = regression.MIN_EFFECT
+
     @property
     def verdict(self) -> str:
-        return regression.verdict(self.comparison)
+        return regression.verdict(self.comparison, self.min_effect)
 
 
 def run_ab(ref_a: str, ref_b: str, cells: Sequence[CellRun], out_dir: Path, *,
            env: dict[str, str], timeout_s: float, rounds: int = 3, repo: Path = REPO,
-           on_record: Callable[[int, dict], None] | None = None) -> list[ABRow]:
+           on_record: Callable[[int, dict], None] | None = None,
+           min_effect: float = regression.MIN_EFFECT) -> list[ABRow]:
     if rounds < 3:
         raise ValueError(f"--rounds {rounds}: A/B needs at least 3 interleaved rounds")
     shas = {"A": resolve_ref(ref_a, repo), "B": resolve_ref(ref_b, repo)}
@@ -101,7 +104,7 @@ def run_ab(ref_a: str, ref_b: str, cells: Sequence[CellRun], out_dir: Path, *,
         a, b = samples[("A", i)], samples[("B", i)]
         c = regression.compare(a, b)
         name = cell_name({"arm": cell.arm, "spec": cell.spec})
-        rows.append(ABRow(name, _median(a), _median(b), c))
+        rows.append(ABRow(name, _median(a), _median(b), c, min_effect))
     return rows
 
 
@@ -112,12 +115,13 @@ def _median(groups: list[list[float]]) -> float:
 
 
 def markdown(ref_a: str, ref_b: str, rows: Sequence[ABRow], rounds: int) -> str:
+    min_effect = rows[0].min_effect if rows else regression.MIN_EFFECT
     lines = [
         f"## A/B: {ref_a} (A) vs {ref_b} (B)", "",
         f"{rounds} interleaved rounds (A B A B ...), each cell in its own process. Ratio = "
         "median B / median A (above 1.00: B is slower); 95% CI from a bootstrap over rounds "
         "and steps; a verdict needs the CI to exclude 1.00 and a difference of at least "
-        f"{regression.MIN_EFFECT:.0%}; MDE = the smallest relative difference these samples "
+        f"{min_effect:.0%}; MDE = the smallest relative difference these samples "
         "can detect.", "",
         "| cell | A median ms | B median ms | B/A [95% CI] | verdict | MDE |",
         "|---|---|---|---|---|---|",

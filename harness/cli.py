@@ -77,7 +77,9 @@ def _prepare(args: argparse.Namespace):
     options = run_options(args)
     env = runner.cpu_env(options.get("cpu_devices"))
     fingerprint = runner.probe(env)
-    cells = grid.expand(options, mesh_sizes=fingerprint)  # every bad input fails here
+    processes = getattr(args, "num_processes", None) or 1
+    available = {**fingerprint, "device_count": fingerprint["device_count"] * processes}
+    cells = grid.expand(options, mesh_sizes=available)  # every bad input fails here
     trace_dir = str(args.out / "traces") if options.get("trace") else None
     cells = [dataclasses.replace(c, trace_dir=trace_dir, plugins=tuple(args.plugin or ()))
              for c in cells]
@@ -110,19 +112,57 @@ def _run(args: argparse.Namespace) -> int:
         path, records = runner.run_grid(cells, args.out, env=env,
                                         timeout_s=options.get("timeout_s", 600),
                                         suite=options.get("name"), on_record=on_record,
-                                        fingerprint=fingerprint)
+                                        fingerprint=fingerprint,
+                                        distributed=_distributed(args), run_id=args.run_id)
     except KeyboardInterrupt:
         bar.close()
         print("parity: interrupted; finished cells are kept in the results file",
               file=sys.stderr)
         return 130
     bar.close()
+    if args.process_id:
+        return 0 if all(r["status"] == "ok" for r in records) else 1
     print(summary.table(records))
     if any(r.get("trace") for r in records):
         print(f"\ntraces: open with `xprof --logdir {args.out / 'traces'}` "
               "(or TensorBoard's profile plugin)")
     print(f"\nrecords: {path}")
     return 0 if all(r["status"] == "ok" for r in records) else 1
+
+
+def _distributed(args: argparse.Namespace) -> dict | None:
+    if args.distributed_auto:
+        return {"auto": True}
+    if args.num_processes is None or args.num_processes == 1:
+        return None
+    if args.coordinator is None or args.process_id is None:
+        raise ValueError("--num-processes needs --coordinator HOST:PORT and --process-id I "
+                         "(or --distributed-auto where JAX detects the cluster)")
+    if not 0 <= args.process_id < args.num_processes:
+        raise ValueError(f"--process-id {args.process_id} is not in [0, {args.num_processes})")
+    return {"coordinator": args.coordinator, "num_processes": args.num_processes,
+            "process_id": args.process_id}
+
+
+def _launch(args: argparse.Namespace) -> int:
+    """Starts N local `parity run` processes that form one multi-process run."""
+    import socket
+    import subprocess
+
+    if args.n < 1:
+        raise ValueError("launch -n must be >= 1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rest = [a for a in args.run_args if a != "--"]
+    run_id = f"launch-{port}"
+    procs = [subprocess.Popen([sys.executable, "-m", "harness.cli", "run", *rest,
+                               "--num-processes", str(args.n), "--process-id", str(i),
+                               "--coordinator", f"127.0.0.1:{port}", "--run-id", run_id],
+                              stdout=None if i == 0 else subprocess.DEVNULL)
+             for i in range(args.n)]
+    codes = [p.wait() for p in procs]
+    return codes[0] if codes[0] else max(codes)
 
 
 def _nightly(args: argparse.Namespace) -> int:
@@ -153,7 +193,7 @@ def _ab(args: argparse.Namespace) -> int:
     bar, on_record = _progress(len(cells) * 2 * args.rounds)
     rows = ab.run_ab(args.ref_a, args.ref_b, cells, args.out, env=env,
                      timeout_s=options.get("timeout_s", 600), rounds=args.rounds,
-                     on_record=on_record)
+                     on_record=on_record, min_effect=args.threshold)
     bar.close()
     text = ab.markdown(args.ref_a, args.ref_b, rows, args.rounds)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -216,7 +256,21 @@ def build_parser() -> argparse.ArgumentParser:
                     "warmup, untraced timing, memory, optional trace, gradient parity.")
     add_grid_arguments(run)
     run.add_argument("--out", type=Path, default=Path("results"), help="results directory")
+    run.add_argument("--num-processes", type=int, help="processes of a multi-process run")
+    run.add_argument("--process-id", type=int, help="this process's index (0 writes)")
+    run.add_argument("--coordinator", help="HOST:PORT of process 0 (cell k uses PORT + k)")
+    run.add_argument("--distributed-auto", action="store_true",
+                     help="let jax.distributed detect the cluster (e.g. Cloud TPU)")
+    run.add_argument("--run-id", help="name of the results file (default: a timestamp)")
     run.set_defaults(func=_run)
+
+    launch = commands.add_parser(
+        "launch", help="start N local processes of one multi-process `parity run`",
+        description="parity launch -n 2 -- --arms engine --preset tiny --cpu-devices 4 ...: "
+                    "runs `parity run` N times on this machine as one jax.distributed job.")
+    launch.add_argument("-n", type=int, required=True, help="number of processes")
+    launch.add_argument("run_args", nargs=argparse.REMAINDER, help="arguments of `run`")
+    launch.set_defaults(func=_launch)
 
     nightly = commands.add_parser(
         "nightly", help="run a suite, append to the history, exit 1 on a regression",
@@ -239,6 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     ab_cmd.add_argument("ref_b")
     add_grid_arguments(ab_cmd)
     ab_cmd.add_argument("--rounds", type=int, default=3, help="interleaved rounds (>= 3)")
+    ab_cmd.add_argument("--threshold", type=float, default=0.05,
+                        help="smallest relative difference that earns a verdict (0.05)")
     ab_cmd.add_argument("--allow-dirty", action="store_true",
                         help="allow uncommitted changes (HEAD is measured as committed)")
     ab_cmd.add_argument("--out", type=Path, default=Path("results/ab"), help="results dir")

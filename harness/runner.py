@@ -78,14 +78,19 @@ def run_one(cell: CellRun, env: dict[str, str], timeout_s: float,
             record = json.loads(out.read_text())
             if record.get("error"):
                 record["error"]["stderr_tail"] = stderr_text[-STDERR_TAIL:]
+        elif "stopped sending heartbeats" in stderr_text:
+            record = _failure("peer-died", "another process of this multi-process cell died "
+                                           "(no heartbeats); this one stopped instead of "
+                                           "hanging", stderr_text)
         elif code < 0 and -code == signal.SIGKILL:
             record = _failure("killed", "cell process was killed (SIGKILL: out of memory?)",
                               stderr_text)
         elif "RESOURCE_EXHAUSTED" in stderr_text or "Out of memory" in stderr_text:
             record = _failure("oom", f"cell ran out of memory (exit code {code})", stderr_text)
         else:
-            record = _failure("crash", f"cell process exited with code {code} without a "
-                                       "record", stderr_text)
+            how = (f"was killed by {signal.Signals(-code).name}" if code < 0
+                   else f"exited with code {code}")
+            record = _failure("crash", f"cell process {how} without a record", stderr_text)
     record["wall_s"] = elapsed
     return record
 
@@ -94,16 +99,21 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
              timeout_s: float, run_id: str | None = None, suite: str | None = None,
              on_record: Callable[[int, dict], None] | None = None, cwd: Path | None = None,
              extra: dict | None = None, fingerprint: dict | None = None,
-             ) -> tuple[Path, list[dict]]:
+             distributed: dict | None = None) -> tuple[Path, list[dict]]:
     """Runs every cell, appending each record to `out_dir/<run_id>.jsonl` as it finishes.
 
     `cwd` is where cells run (an A/B worktree); `extra` is merged into every record;
-    `fingerprint` stands in for cells that died before writing their own.
+    `fingerprint` stands in for cells that died before writing their own. With
+    `distributed` ({"coordinator": "HOST:PORT", "num_processes", "process_id"}) this is one
+    host's runner: cell k's processes meet at PORT + k, and only process 0 writes records.
     """
     run_id = run_id or datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     path = Path(out_dir) / f"{run_id}{'-' + suite if suite else ''}.jsonl"
     records = []
+    writer = distributed is None or distributed.get("process_id", 0) == 0
     for index, cell in enumerate(cells):
+        if distributed:
+            cell = dataclasses.replace(cell, distributed=_cell_distributed(distributed, index))
         record = run_one(cell, env, timeout_s, cwd)
         record.update({
             "schema": results.SCHEMA, "run_id": run_id, "suite": suite,
@@ -115,11 +125,19 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
         })
         if not record.get("fingerprint"):
             record["fingerprint"] = fingerprint
-        results.append(path, record)
+        if writer:
+            results.append(path, record)
         records.append(record)
         if on_record:
             on_record(index, record)
     return path, records
+
+
+def _cell_distributed(distributed: dict, index: int) -> dict:
+    if distributed.get("auto"):
+        return dict(distributed)
+    host, port = distributed["coordinator"].rsplit(":", 1)
+    return {**distributed, "coordinator": f"{host}:{int(port) + index}"}
 
 
 def _config_hash(cell: CellRun) -> str:

@@ -42,6 +42,42 @@ class CellRun:
     """Compare the first step's captured gradient with the exact reference."""
     plugins: tuple[str, ...] = ()
     """Modules to import first (they may register extra arms, e.g. test-only ones)."""
+    distributed: dict | None = None
+    """jax.distributed settings: {"coordinator", "num_processes", "process_id"} (or
+    {"auto": True} where JAX detects the cluster, e.g. Cloud TPU); None = one process."""
+    heartbeat_s: int = 30
+    """jax.distributed heartbeat timeout: how long a dead peer goes unnoticed."""
+
+
+def init_distributed(run: CellRun) -> None:
+    """Joins the cell's processes before the backend starts (CPU: gloo collectives)."""
+    import os
+
+    import jax
+
+    if not run.distributed:
+        return
+    if os.environ.get("JAX_PLATFORMS", "").startswith("cpu"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if run.distributed.get("auto"):
+        jax.distributed.initialize(heartbeat_timeout_seconds=run.heartbeat_s)
+        return
+    jax.distributed.initialize(run.distributed["coordinator"],
+                               num_processes=run.distributed["num_processes"],
+                               process_id=run.distributed["process_id"],
+                               initialization_timeout=120,
+                               heartbeat_timeout_seconds=run.heartbeat_s)
+
+
+def host_gather(tree):
+    """Every process's copy of `tree` gathered to host numpy (one process: device_get)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    from jax.experimental import multihost_utils
+
+    return jax.tree.map(lambda x: multihost_utils.process_allgather(x, tiled=True), tree)
 
 
 class CompileCounter:
@@ -72,6 +108,7 @@ def run_cell(run: CellRun) -> dict:
         importlib.import_module(module)
 
     import jax
+    import numpy as np
 
     from arms.base import make_arm
     from arms.spec import CellSpec
@@ -92,7 +129,7 @@ def run_cell(run: CellRun) -> dict:
     if not math.isfinite(first_loss):
         raise FloatingPointError(f"non-finite loss {first_loss} at step 1 of arm {run.arm}; "
                                  "check the learning rate, dtype and data of this cell")
-    captured = jax.device_get(arm.captured_gradient()) if run.parity else None
+    captured = host_gather(arm.captured_gradient()) if run.parity else None
     for _ in range(run.warmup - 1):
         _block(arm.step(batches))
     compiles_after_warmup = compiles.count
@@ -136,12 +173,29 @@ def run_cell(run: CellRun) -> dict:
             "executables": memory,
             "planned_bytes": max((m["total"] for m in memory.values() if m), default=None),
             "rss_delta_bytes": rss["rss_delta_bytes"],
+            "hosts": _per_host_memory(rss["rss_delta_bytes"],
+                                      measure.peak_bytes_in_use(jax.local_devices()), np),
         },
         "trace": _traced_window(arm, batches, run) if run.trace else None,
         "parity": _parity(spec, captured, first_loss) if run.parity else None,
     }
     arm.close()
     return record
+
+
+def _per_host_memory(rss_delta, peak, np) -> list[dict]:
+    """[{process, rss_delta_bytes, peak_bytes_in_use}] for every process of the cell."""
+    import jax
+
+    # KiB in int32: process_allgather goes through jax arrays (int64 needs x64 mode).
+    mine = np.array([[jax.process_index(), -1 if rss_delta is None else rss_delta // 1024,
+                      -1 if peak is None else peak // 1024]], np.int32)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        mine = np.asarray(multihost_utils.process_allgather(mine, tiled=True))
+    return [{"process": int(p), "rss_delta_bytes": None if r < 0 else int(r) * 1024,
+             "peak_bytes_in_use": None if k < 0 else int(k) * 1024} for p, r, k in mine]
 
 
 def _traced_window(arm, batches, run: CellRun) -> dict:
@@ -198,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     from harness.fingerprint import environment
 
     try:
+        init_distributed(run)
         measured = run_cell(run)
         result = {"status": "ok", "error": None, **measured}
     except Exception as err:  # recorded, not raised: the grid goes on

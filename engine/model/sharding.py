@@ -160,6 +160,23 @@ def check_fits(config: DecoderConfig, mesh: Mesh | Mapping[str, int],
                 f"{batch_shards} or a smaller data/fsdp mesh")
 
 
-def host_array(x) -> np.ndarray:
-    """Gathers a (possibly sharded) array to a host numpy array."""
-    return np.asarray(jax.device_get(x))
+def place_global_batch(batch, shardings):
+    """Host micro-batch (the *global* rows, identical on every process) -> global arrays.
+
+    One process: a plain transfer. Several (jax.distributed): each process contributes
+    only its own block of rows (process i holds rows [i*B/n, (i+1)*B/n), the order in which
+    `make_mesh` lays devices out) through `jax.make_array_from_process_local_data`.
+    """
+    if isinstance(shardings, NamedSharding):  # one sharding for every leaf
+        shardings = jax.tree.map(lambda _: shardings, batch)
+    if jax.process_count() == 1:
+        return jax.device_put(batch, shardings)
+    count, index = jax.process_count(), jax.process_index()
+
+    def local(x, sharding):
+        x = np.asarray(x)
+        rows = x.shape[0] // count
+        return jax.make_array_from_process_local_data(
+            sharding, x[index * rows:(index + 1) * rows], x.shape)
+
+    return jax.tree.map(local, batch, shardings)

@@ -56,3 +56,22 @@ def _slow_down(arm_class, fraction):
 # The test-only switch of the nightly test: PARITY_TEST_SLOWDOWN=0.2 slows the native arm.
 if os.environ.get("PARITY_TEST_SLOWDOWN"):
     _slow_down(NativeArm, float(os.environ["PARITY_TEST_SLOWDOWN"]))
+
+
+class _DiesOnProcessOne(NativeArm):
+    """Process 1 of a multi-process cell dies mid-step; process 0 must not hang."""
+
+    trainer = "test-die-1"
+
+    def __init__(self, spec):
+        super().__init__(spec, "decoder")
+
+    def step(self, micro_batches):
+        import jax
+
+        if jax.process_index() == 1:
+            os._exit(1)
+        return super().step(micro_batches)
+
+
+register("test-die-1", _DiesOnProcessOne)
