@@ -17,6 +17,13 @@ DPI = 80
 """Every figure is SIZE x DPI = 800 x 400 pixels."""
 
 
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def _shapes(frame: pd.DataFrame) -> list[tuple]:
     return list(dict.fromkeys(zip(frame["preset"], frame["seq"], frame["batch"], frame["ga"],
                                   strict=True)))
@@ -34,10 +41,7 @@ def step_time_distribution(df: pd.DataFrame, path: Path) -> Path:
         ax.set_title(f"{preset} s{seq} b{batch} ga{ga}", fontsize=8)
         ax.tick_params(axis="x", labelrotation=60, labelsize=7)
         ax.set_ylabel("ms / step")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def sweep(df: pd.DataFrame, path: Path) -> Path:
@@ -51,10 +55,7 @@ def sweep(df: pd.DataFrame, path: Path) -> Path:
     ax.set_xlabel("sequence length")
     ax.set_ylabel("median ms / step")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def memory_bars(df: pd.DataFrame, path: Path) -> Path:
@@ -65,7 +66,4 @@ def memory_bars(df: pd.DataFrame, path: Path) -> Path:
     ax.bar(range(len(frame)), frame["planned_bytes"].fillna(0) / 2**20)
     ax.set_xticks(range(len(frame)), labels, fontsize=6, rotation=90)
     ax.set_ylabel("planned MiB")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
