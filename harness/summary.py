@@ -13,13 +13,19 @@ def cell_name(record: dict) -> str:
             f"{' mesh=' + s['mesh'] if s.get('mesh') else ''}")
 
 
+def _status(timing: dict) -> str:
+    recompiles = timing.get("recompiles_after_warmup") or 0
+    return f"ok, RECOMPILED x{recompiles} after warmup" if recompiles else "ok"
+
+
 def cell_line(record: dict) -> str:
     if record["status"] != "ok":
         err = record["error"]
         return f"FAILED {cell_name(record)}: {err['reason']}: {err['message']}"
     t, p, tr = record["timing"], record.get("parity") or {}, record.get("trace") or {}
     execs = tr.get("executions_per_step") or [t["executions_per_step_dispatched"]]
-    return (f"ok     {cell_name(record)}: median {t['summary']['median_ms']:.1f} ms "
+    flag = "" if _status(t) == "ok" else f" [{_status(t)}: timing includes compilation]"
+    return (f"ok     {cell_name(record)}{flag}: median {t['summary']['median_ms']:.1f} ms "
             f"(cv {t['summary']['cv']:.3f}), {t['tokens_per_s']:.0f} tok/s, "
             f"rel_l2 {_fmt(p.get('rel_l2'), '.2e')}, exec/step {max(execs)}")
 
@@ -47,5 +53,5 @@ def table(records: list[dict]) -> str:
             f"| {summ['median_ms']:.1f} | {summ['p90_ms']:.1f} | {summ['max_ms']:.1f} "
             f"| {summ['cv']:.3f} | {t['tokens_per_s']:.0f} | {_fmt(p.get('loss'), '.5f')} "
             f"| {_fmt(p.get('rel_l2'), '.2e')} | {exec_text} "
-            f"| {(p.get('data_fingerprint') or '-')[:10]} | ok |")
+            f"| {(p.get('data_fingerprint') or '-')[:10]} | {_status(t)} |")
     return "\n".join(rows)

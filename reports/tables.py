@@ -143,6 +143,10 @@ def noise(df: pd.DataFrame, baseline_arm: str) -> str:
                           "(the 95% CI includes 1.00x)")
     text = markdown(["shape", "arm", "CV (stdev/mean)", "timed steps"], rows)
     text += "\n\nDifferences within noise:\n" + ("\n".join(within) if within else "- none")
+    recompiled = [f"- {shape_label(r)}: {r['arm']} compiled {r['recompiles']:.0f} more time(s)"
+                  for _, r in frame.iterrows() if r["recompiles"]]
+    text += ("\n\nCells that compiled after warmup (their timings include compilation; a "
+             "trainer that recompiles mid-run):\n" + ("\n".join(recompiled) or "- none"))
     return text
 
 
