@@ -47,6 +47,11 @@ LOGICAL_AXIS_RULES: LogicalRules = (
     ("norm", "tensor"),
     ("layers", None),
     ("kv", None),
+    # Mesh axis names map to themselves, so models annotated directly with mesh axes
+    # (Tunix's Qwen3 ShardingConfig) lay out the same way under these rules.
+    ("data", "data"),
+    ("fsdp", "fsdp"),
+    ("tensor", "tensor"),
 )
 
 BATCH_AXES = ("data", "fsdp")
