@@ -32,6 +32,7 @@ from engine.metrics import InflightThrottler, MetricsRecorder, StepMetrics, vali
 from engine.model.sharding import (
     LOGICAL_AXIS_RULES,
     LogicalRules,
+    batch_sharding,
     named_shardings,
     place_global_batch,
 )
@@ -80,24 +81,25 @@ class TrainingEngine:
         return _sharding_context(self.mesh, self.rules)
 
     def compile(self, example_micro_batch, *, paths: Sequence[str] = ("split", "fused")) -> None:
-        """Splits the model once, places the state, and AOT-compiles the kernels of `paths`.
+        """AOT-compiles the kernels of `paths` for micro-batches shaped like the example.
 
+        The first compile also splits the model once and places the train state; a later
+        compile (new shapes) keeps the params, optimizer state and step as they are.
         "split" is fwd_bwd (first and accumulating) + update; "fused" is train_step.
         """
         unknown = set(paths) - {"split", "fused"}
         if unknown:
             raise ValueError(f"unknown kernel paths {sorted(unknown)}; valid: 'split', 'fused'")
+        if self._micro:
+            raise RuntimeError(f"{self._micro} micro-batches are mid-accumulation; finish the "
+                               "step before compiling for other shapes")
         start = time.perf_counter()
-        self._split_model()
-        batch_sig = _signature(example_micro_batch)
-        self._compiled_for = batch_sig
-        self._batch_shardings = jax.tree.map(
-            lambda x: NamedSharding(self.mesh, PartitionSpec(("data", "fsdp"),
-                                                             *[None] * (x.ndim - 1))),
-            example_micro_batch)
-        abstract_batch = jax.tree.map(
-            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-            example_micro_batch, self._batch_shardings)
+        if self._compiled_for is None:
+            self._split_model()
+        self._compiled_for = _signature(example_micro_batch)
+        self._batch_shardings = jax.tree.map(lambda x: batch_sharding(self.mesh, x.ndim),
+                                             example_micro_batch)
+        abstract_batch = self._abstract(example_micro_batch, self._batch_shardings)
         self._metric_shardings = self._check_metric_types(abstract_batch)
         self.kernels = {}
         if "split" in paths:

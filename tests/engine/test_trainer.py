@@ -118,12 +118,17 @@ def test_other_shapes_are_refused_with_the_fix(engine_factory):
 
 def test_other_shapes_recompile_with_one_warning_when_asked(engine_factory):
     engine = engine_factory(ga=1, paths=("split",), shape_policy="recompile")
+    run_split(engine, ragged_batches(counts=[40]))
+    trained = jax.device_get(engine.params)
     longer = make_micro_batches(seed=0, batch_size=2, seq_len=64, vocab_size=256)[0]
     with pytest.warns(RuntimeWarning, match="recompiling") as record:
         engine.fwd_bwd(longer)
+        assert rel_l2(engine.params, trained) == 0.0  # the trained state survives recompiling
         engine.update()
         engine.fwd_bwd(longer)
+        engine.update()
     assert len([w for w in record if "recompiling" in str(w.message)]) == 1
+    assert int(engine._step) == 3 and int(engine.opt_state[1][0].count) == 3
 
 
 def test_unknown_metric_type_is_refused_at_compile(engine_factory):
