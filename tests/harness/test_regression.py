@@ -85,7 +85,7 @@ def two_commits(tmp_path_factory):
 
 def _ab(clone, *refs, extra=()):
     return subprocess.run([sys.executable, "-m", "harness.cli", "ab", *refs, *CELL,
-                           "--steps", "10", "--out", str(clone / "ab-out"), *extra],
+                           "--steps", "20", "--out", str(clone / "ab-out"), *extra],
                           cwd=clone, env=dict(_env(), PYTHONPATH=str(clone)),
                           capture_output=True, text=True, timeout=600)
 
@@ -96,7 +96,9 @@ def test_ab_between_two_real_commits_flags_the_slower_one(two_commits):
     row = next(line for line in proc.stdout.splitlines() if line.startswith("| native"))
     ratio, ci = row.split("|")[4].split("[")
     low, _high = (float(x) for x in ci.strip(" ]").split(","))
-    assert "| slower |" in row and low > 1.0 and 1.1 < float(ratio) < 1.4
+    # The injected sleep is 20% of a measured step; time.sleep's wake-up latency adds a
+    # little more on a ~20 ms step (1.2-1.35 seen here), hence the upper bound of 1.6.
+    assert "| slower |" in row and low > 1.0 and 1.1 < float(ratio) < 1.6, proc.stdout
     assert (two_commits / "ab-out" / "ab.md").exists()
 
 
