@@ -45,10 +45,6 @@ class Arm(abc.ABC):
         self.compile_seconds = 0.0
         self.calls_per_step = 0  # executable calls the last step() dispatched
 
-    @property
-    def name(self) -> str:
-        return f"{self.trainer}:{self.model_kind}"
-
     @abc.abstractmethod
     def build(self) -> None:
         """Builds the model and trainer and compiles everything `step` will run."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Sequence
 
 import optax
 
@@ -114,10 +113,3 @@ class CellSpec:
     def replace(self, **changes) -> CellSpec:
         return dataclasses.replace(self, **changes)
 
-
-def ragged_counts(text: str | Sequence[int] | None) -> tuple[int, ...] | None:
-    if text is None or text == "":
-        return None
-    if isinstance(text, str):
-        return tuple(int(x) for x in text.split(","))
-    return tuple(int(x) for x in text)

@@ -28,9 +28,6 @@ class MicroBatch(NamedTuple):
     old_logprobs: jax.Array | None = None
     """GRPO: log-prob of each target under the behaviour policy (float32)."""
 
-    def as_numpy(self) -> MicroBatch:
-        return jax.tree.map(np.asarray, self)
-
 
 def _loss_mask(rng: np.random.Generator, batch_size: int, seq_len: int,
                loss_tokens: int | None, mask_fraction: float | None) -> np.ndarray:
