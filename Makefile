@@ -1,5 +1,10 @@
 # Two commands for a fresh machine: `make parity` and `make test`.
-PY ?= python3.11
+# The stack needs Python 3.12 (the real MaxText requires it). PY is the first 3.12 found: on
+# PATH (a pyenv shim resolves through .python-version), then under pyenv's root.
+IS_312 := import sys; sys.exit(sys.version_info[:2] != (3, 12))
+PY ?= $(shell for p in python3.12 "$${PYENV_ROOT:-$$HOME/.pyenv}"/versions/3.12*/bin/python3.12 \
+        "$$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python3.12; do \
+        "$$p" -c '$(IS_312)' 2>/dev/null && { echo "$$p"; break; }; done)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -7,7 +12,9 @@ STAMP := $(VENV)/.installed
 .PHONY: parity test lint clean
 
 $(STAMP): pyproject.toml requirements.lock
-	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@test -n "$(PY)" || { echo "make: Python 3.12 not found; install it (e.g. 'pyenv install \
+	3.12.1') or pass PY=/path/to/python3.12" >&2; exit 1; }
+	@$(BIN)/python -c '$(IS_312)' 2>/dev/null || { rm -rf $(VENV) && $(PY) -m venv $(VENV); }
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements.lock
 	$(BIN)/python -m pip install -q --no-deps -e '.[test]'
@@ -24,7 +31,7 @@ parity: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" --durations=15
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

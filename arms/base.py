@@ -12,23 +12,57 @@ from flax import nnx
 from arms.capture import captured_gradient
 from arms.spec import CellSpec
 from arms.workload import MicroBatch
-from engine.model import batch_sharding, build_decoder
-from engine.model.sharding import place_global_batch
+from engine.model import LOGICAL_AXIS_RULES, batch_sharding, build_decoder
+from engine.model.sharding import LogicalRules, place_global_batch
 
-MODELS = ("decoder", "tunix")
-"""Model kinds: our MaxText-style decoder, or Tunix's Qwen3 holding the same weights."""
+MODELS = ("decoder", "maxtext", "tunix")
+"""Model kinds: our MaxText-style decoder, the real MaxText Qwen3, or Tunix's Qwen3; all
+three hold the same weights."""
+
+
+MODEL_NAMES = {"decoder": "our MaxText-style decoder",
+               "maxtext": "the real MaxText Qwen3 (maxtext)",
+               "tunix": "Tunix's Qwen3"}
+"""What each model kind is, as the report names it."""
 
 
 def build_model(kind: str, spec: CellSpec, mesh) -> nnx.Module:
-    """The model of one arm, on `mesh`; both kinds start from the same (seeded) weights."""
+    """The model of one arm, on `mesh`; every kind starts from the same (seeded) weights.
+
+    A maxtext model carries its own layout (`mx_mesh`: `mesh`'s devices under MaxText's axis
+    names, and MaxText's logical axis rules); see `model_layout`.
+    """
     if kind not in MODELS:
         raise ValueError(f"unknown model {kind!r}; valid models: {', '.join(MODELS)}")
     decoder = build_decoder(spec.model_config(), seed=spec.seed, mesh=mesh)
     if kind == "decoder":
         return decoder
+    if kind == "maxtext":  # maxtext (Python 3.12) is imported only by arms that use it
+        from arms.models.maxtext_qwen3 import to_maxtext
+
+        return to_maxtext(decoder, mesh, seq=spec.seq)
     from arms.models.tunix_qwen3 import to_tunix  # tunix is imported only by arms that use it
 
     return to_tunix(decoder, mesh=mesh)
+
+
+def model_layout(model: nnx.Module, mesh) -> tuple[Any, LogicalRules]:
+    """(mesh, logical axis rules) an arm runs `model` under: MaxText's own for its model,
+    else this project's mesh and rules (Tunix's Qwen3 names mesh axes, which resolve to
+    themselves under them)."""
+    if hasattr(model, "mx_config"):
+        from arms.models.maxtext_qwen3 import rules
+
+        return model.mx_mesh, rules(model.mx_config)
+    return mesh, LOGICAL_AXIS_RULES
+
+
+def check_model(kind: str, spec: CellSpec) -> None:
+    """Refuses, before anything is built, a cell the model kind cannot express."""
+    if kind == "maxtext":
+        from arms.models.maxtext_qwen3 import check_expressible
+
+        check_expressible(spec.model_config())
 
 
 class Arm(abc.ABC):
@@ -36,14 +70,24 @@ class Arm(abc.ABC):
 
     trainer: str = ""
     """Registry name of the trainer ("engine", "engine-fused", "native", "peft")."""
+    trainer_name: str = ""
+    """What the trainer is, as the report names it."""
 
     def __init__(self, spec: CellSpec, model: str = "decoder"):
         if model not in MODELS:
             raise ValueError(f"unknown model {model!r}; valid models: {', '.join(MODELS)}")
         self.spec, self.model_kind = spec, model
         self.mesh = spec.make_mesh()  # refuses a mesh the model cannot use, before compiling
+        self.rules: LogicalRules = LOGICAL_AXIS_RULES
+        check_model(model, spec)
         self.compile_seconds = 0.0
         self.calls_per_step = 0  # executable calls the last step() dispatched
+
+    def build_model(self) -> nnx.Module:
+        """Builds this arm's model and adopts the mesh and rules it runs under."""
+        model = build_model(self.model_kind, self.spec, self.mesh)
+        self.mesh, self.rules = model_layout(model, self.mesh)
+        return model
 
     @abc.abstractmethod
     def build(self) -> None:
@@ -75,6 +119,11 @@ class Arm(abc.ABC):
         """The gradient the optimizer saw in the last step, in our decoder's layout (Tunix's
         Qwen3 gradients are converted), so every arm compares against one reference."""
         grads = captured_gradient(self.opt_state())
+        if self.model_kind == "maxtext":
+            from arms.models.maxtext_qwen3 import maxtext_to_decoder_params
+
+            return maxtext_to_decoder_params(nnx.to_pure_dict(grads)["transformer"],
+                                             self.spec.model_config())
         if self.model_kind == "tunix":
             from arms.models.tunix_qwen3 import tunix_to_decoder_params
 
@@ -85,6 +134,10 @@ class Arm(abc.ABC):
     def kernel_calls_per_step(self) -> dict[str, int]:
         """Calls of each executable per optimizer step (weights FLOPs per step)."""
         return dict.fromkeys(self.executables(), 1)
+
+    def about(self) -> str:
+        """'<trainer> on <model>' in words, for the record and the report."""
+        return f"{self.trainer_name} on {MODEL_NAMES[self.model_kind]}"
 
     def executions_per_step(self) -> int:
         """Executable calls per optimizer step as dispatched by `step` (0 before a step)."""
@@ -101,21 +154,25 @@ NAMED_ARMS: dict[str, tuple[str, str]] = {
     "engine-fused": ("engine-fused", "decoder"),
     "native": ("native", "decoder"),
     "peft-decoder": ("peft", "decoder"),
+    "peft-maxtext": ("peft", "maxtext"),
     "peft-tunix": ("peft", "tunix"),
+    "maxtext-engine": ("maxtext-engine", "maxtext"),
 }
 """Arm names -> (trainer, model). Any other pair is spelled TRAINER:MODEL."""
 
 
 def _trainers() -> dict[str, ArmFactory]:
     from arms.engine_arm import EngineArm, FusedEngineArm
+    from arms.maxtext_engine import MaxTextEngineArm
     from arms.native import NativeArm
     from arms.peft import PeftArm
 
     return {"engine": EngineArm, "engine-fused": FusedEngineArm, "native": NativeArm,
-            "peft": PeftArm}
+            "peft": PeftArm, "maxtext-engine": MaxTextEngineArm}
 
 
 TRAINERS = ("engine", "engine-fused", "native", "peft")
+"""Trainers that drive any model kind (TRAINER:MODEL); `maxtext-engine` drives only its own."""
 
 
 _REGISTERED: dict[str, Callable[[CellSpec], Arm]] = {}

@@ -7,20 +7,22 @@ import time
 
 import jax
 
-from arms.base import Arm, build_model
+from arms.base import Arm
 from arms.capture import with_capture
 from engine import EngineConfig, TrainingEngine
 
 
 class EngineArm(Arm):
     trainer = "engine"
+    trainer_name = "our TrainingEngine (split fwd_bwd + update)"
     fused = False
 
     def build(self) -> None:
         spec = self.spec
-        self.model = build_model(self.model_kind, spec, self.mesh)
+        self.model = self.build_model()
         self.engine = TrainingEngine(
             self.model, with_capture(spec.optimizer_tx()), spec.loss_fn(), mesh=self.mesh,
+            rules=self.rules,
             config=EngineConfig(gradient_accumulation_steps=spec.ga,
                                 gradient_clipping_threshold=spec.clip))
         start = time.perf_counter()
@@ -63,4 +65,5 @@ class EngineArm(Arm):
 
 class FusedEngineArm(EngineArm):
     trainer = "engine-fused"
+    trainer_name = "our TrainingEngine (fused train_step)"
     fused = True

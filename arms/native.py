@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from arms.base import Arm, build_model
+from arms.base import Arm
 from arms.capture import with_capture
 from engine.model import batch_sharding, named_shardings, sharding_context
 
@@ -47,15 +47,16 @@ def native_step(graph, loss_fn, tx, clip, params, rest, opt_state, batches):
 
 class NativeArm(Arm):
     trainer = "native"
+    trainer_name = "one jitted step (the limit)"
 
     def build(self) -> None:
         spec = self.spec
-        self.model = build_model(self.model_kind, spec, self.mesh)
+        self.model = self.build_model()
         graph, params, rest = nnx.split(self.model, nnx.Param, ...)
         tx, loss_fn, clip = with_capture(spec.optimizer_tx()), spec.loss_fn(), spec.clip
-        param_sh = named_shardings(params, self.mesh)
-        rest_sh = named_shardings(rest, self.mesh)
-        with sharding_context(self.mesh):
+        param_sh = named_shardings(params, self.mesh, self.rules)
+        rest_sh = named_shardings(rest, self.mesh, self.rules)
+        with sharding_context(self.mesh, self.rules):
             opt_state = jax.jit(tx.init)(params)
         opt_sh = jax.tree.map(lambda x: x.sharding, opt_state)
         batch_sh = batch_sharding(self.mesh)
@@ -71,7 +72,7 @@ class NativeArm(Arm):
                                        (jax.tree.map(lambda _: batch_sh, example),) * spec.ga),
                          out_shardings=(param_sh, rest_sh, opt_sh, scalar))
         start = time.perf_counter()
-        with sharding_context(self.mesh):
+        with sharding_context(self.mesh, self.rules):
             self.compiled = jitted.lower(params, rest, opt_state, (example,) * spec.ga).compile()
         self.compile_seconds = time.perf_counter() - start
         self.state = (params, rest, opt_state)
@@ -79,7 +80,7 @@ class NativeArm(Arm):
 
     def step(self, micro_batches):
         params, rest, opt_state = self.state
-        with sharding_context(self.mesh):
+        with sharding_context(self.mesh, self.rules):
             params, rest, opt_state, self._loss = self.compiled(params, rest, opt_state,
                                                                 tuple(micro_batches))
         self.state = (params, rest, opt_state)

@@ -22,10 +22,9 @@ import time
 import jax
 from flax.core import spmd as core_spmd
 
-from arms.base import Arm, build_model
+from arms.base import Arm
 from arms.capture import with_capture
 from arms.workload import MicroBatch
-from engine.model import LOGICAL_AXIS_RULES
 
 DATA_AXES = ("data", "fsdp")
 
@@ -56,18 +55,18 @@ def _mean_loss(loss_fn):
 
 class PeftArm(Arm):
     trainer = "peft"
+    trainer_name = "Tunix's PeftTrainer"
 
     @contextlib.contextmanager
     def _context(self):
-        with self.mesh, jax.set_mesh(self.mesh), core_spmd.logical_axis_rules(
-                LOGICAL_AXIS_RULES):
+        with self.mesh, jax.set_mesh(self.mesh), core_spmd.logical_axis_rules(self.rules):
             yield
 
     def build(self) -> None:
         module = peft_trainer_module()
         self.trainer_module = module.__name__
         spec = self.spec
-        self.model = build_model(self.model_kind, spec, self.mesh)
+        self.model = self.build_model()
         config = module.TrainingConfig(
             eval_every_n_steps=1 << 30,
             gradient_accumulation_steps=spec.ga if spec.ga > 1 else None,

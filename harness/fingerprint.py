@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "google-tunix")
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "google-tunix", "maxtext")
 COMPARABLE_KEYS = ("versions", "backend", "device_kind", "device_count", "process_count",
                    "xla_flags")
 """Keys two records must share to be compared (git sha and dirtiness are what A/B varies)."""

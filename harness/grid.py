@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from arms.base import resolve
+from arms.base import check_model, resolve
 from arms.spec import CellSpec
 from engine.model import check_fits
 from harness.worker import CellRun
@@ -74,6 +74,7 @@ def expand(options: dict[str, Any], *, mesh_sizes: dict[str, int] | None = None)
         if spec.ragged:
             spec.micro_batches()  # validates counts against the micro-batch capacity
         for arm in arms:
+            check_model(resolve(arm)[1], spec)  # e.g. what MaxText's Qwen3 cannot express
             cells.append(CellRun(arm=arm, spec=spec.to_dict(), **run_options))
     return cells
 

@@ -122,16 +122,29 @@ def executable_memory(compiled) -> dict[str, int] | None:
     return parts
 
 
-def executable_flops(compiled) -> float | None:
+def executable_cost(compiled, key: str) -> float | None:
+    """One entry of XLA's cost_analysis ("flops", "bytes accessed"), None where missing.
+
+    XLA counts a while-loop body once: for a program that scans (micro-batches, or layers
+    with scan_layers) this is one iteration's cost, not the step's.
+    """
     try:
         cost = compiled.cost_analysis()
     except Exception:
         return None
     if isinstance(cost, list):
         cost = cost[0] if cost else None
-    if not cost or "flops" not in cost:
+    if not cost or key not in cost:
         return None
-    return float(cost["flops"])
+    return float(cost[key])
+
+
+def executable_flops(compiled) -> float | None:
+    return executable_cost(compiled, "flops")
+
+
+def executable_bytes(compiled) -> float | None:
+    return executable_cost(compiled, "bytes accessed")
 
 
 def peak_bytes_in_use(devices) -> int | None:

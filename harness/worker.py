@@ -146,12 +146,13 @@ def run_cell(run: CellRun) -> dict:
     calls = arm.kernel_calls_per_step()
     memory = {name: measure.executable_memory(c) for name, c in executables.items()}
     flops = {name: measure.executable_flops(c) for name, c in executables.items()}
-    step_flops = (sum(flops[n] * calls.get(n, 0) for n in flops)
-                  if all(v is not None for v in flops.values()) else None)
+    accessed = {name: measure.executable_bytes(c) for name, c in executables.items()}
+    step_flops, step_bytes = _per_step(flops, calls), _per_step(accessed, calls)
     device = jax.local_devices()[0]
     peak = measure.PEAK_BF16_FLOPS.get(device.device_kind)
     flops_per_s = step_flops / (summary["median_ms"] / 1e3) if step_flops else None
     record = {
+        "about": arm.about(),
         "timing": {
             "steps": run.steps, "warmup": run.warmup, "step_ms": step_ms,
             "dispatch_ms": dispatch_ms, "wait_ms": wait_ms, "summary": summary,
@@ -167,6 +168,7 @@ def run_cell(run: CellRun) -> dict:
             "mfu_vs_bf16_peak": (flops_per_s / (peak * jax.device_count())
                                  if flops_per_s and peak else None),
             "per_executable": flops, "calls_per_step": calls,
+            "bytes_accessed_per_step": step_bytes, "bytes_accessed_per_executable": accessed,
         },
         "memory": {
             "peak_bytes_in_use": measure.peak_bytes_in_use(jax.local_devices()),
@@ -181,6 +183,13 @@ def run_cell(run: CellRun) -> dict:
     }
     arm.close()
     return record
+
+
+def _per_step(per_executable: dict, calls: dict) -> float | None:
+    """sum over executables of value x calls per step; None if any value is missing."""
+    if any(v is None for v in per_executable.values()):
+        return None
+    return sum(v * calls.get(n, 0) for n, v in per_executable.items())
 
 
 def _per_host_memory(rss_delta, peak, np) -> list[dict]:

@@ -86,6 +86,7 @@ def to_frame(records: list[dict]) -> pd.DataFrame:
         executions = trace.get("executions_per_step")
         rows.append({
             "run_id": r.get("run_id"), "suite": r.get("suite"), "arm": r.get("arm"),
+            "about": r.get("about"),
             "preset": spec.get("preset"), "seq": spec.get("seq"), "batch": spec.get("batch"),
             "ga": spec.get("ga"), "dtype": spec.get("dtype"), "mesh": spec.get("mesh") or "1",
             "loss_kind": spec.get("loss"), "ragged": tuple(spec["ragged"])

@@ -39,6 +39,10 @@ def ok(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["status"] == "ok"]
 
 
+def _arm_label(arm: str, about: str) -> str:
+    return f"{arm} ({about})" if about else arm
+
+
 def setup(df: pd.DataFrame) -> str:
     ok_rows = ok(df)
     shas = sorted({f"{s[:10]}{' (dirty)' if d else ''}" for s, d in
@@ -47,7 +51,8 @@ def setup(df: pd.DataFrame) -> str:
         ("environment", df["fingerprint"].iloc[0]),
         ("git", ", ".join(shas)),
         ("runs", ", ".join(sorted(df["run_id"].dropna().unique()))),
-        ("arms", ", ".join(dict.fromkeys(df["arm"]))),
+        ("arms", ", ".join(_arm_label(arm, about) for arm, about in dict.fromkeys(
+            zip(df["arm"], df["about"].fillna(""), strict=True)))),
         ("presets", ", ".join(dict.fromkeys(df["preset"]))),
         ("shapes (seq x batch, GA)", ", ".join(
             f"{s}x{b} ga{g}" for s, b, g in dict.fromkeys(zip(

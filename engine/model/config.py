@@ -82,6 +82,11 @@ PRESETS: dict[str, DecoderConfig] = {
     # Unit tests: < 1M parameters; every width divides 8 so fsdp=8 and tensor=2 both shard it.
     "tiny": DecoderConfig(vocab_size=256, embed_dim=64, num_layers=2, num_heads=4,
                           num_kv_heads=2, head_dim=16, mlp_dim=128),
+    # `tiny` with a separate output head: parity against models whose tied head differs
+    # (maxtext 0.2.5 reads its tied head in bfloat16).
+    "tiny-untied": DecoderConfig(vocab_size=256, embed_dim=64, num_layers=2, num_heads=4,
+                                 num_kv_heads=2, head_dim=16, mlp_dim=128,
+                                 tie_embeddings=False),
     # CPU benchmarks: a step of a few hundred ms on two cores at batch 8 x seq 128.
     "small": DecoderConfig(vocab_size=4096, embed_dim=256, num_layers=4, num_heads=8,
                            num_kv_heads=4, head_dim=32, mlp_dim=768),

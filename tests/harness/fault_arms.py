@@ -53,7 +53,8 @@ def _slow_down(arm_class, fraction):
     arm_class.step = step
 
 
-# The test-only switch of the nightly test: PARITY_TEST_SLOWDOWN=0.2 slows the native arm.
+# The test-only switch of the nightly test: PARITY_TEST_SLOWDOWN=F slows the native arm's
+# every step by F times its own duration.
 if os.environ.get("PARITY_TEST_SLOWDOWN"):
     _slow_down(NativeArm, float(os.environ["PARITY_TEST_SLOWDOWN"]))
 

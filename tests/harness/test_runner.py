@@ -57,6 +57,17 @@ def test_failing_cells_are_recorded_and_the_grid_completes(tmp_path):
     assert ok["memory"]["executables"]["step"]["total"] > 0
 
 
+def test_without_maxtext_only_the_maxtext_arms_fail_and_say_why(tmp_path):
+    cells = expand({**TINY, "arms": ["native", "peft-maxtext", "maxtext-engine"]})
+    cells = [dataclasses.replace(c, plugins=("tests.harness.no_maxtext",)) for c in cells]
+    _, records = run_grid(cells, tmp_path, env=_env(), timeout_s=300)
+    by_arm = {r["arm"]: r for r in records}
+    assert by_arm["native"]["status"] == "ok"
+    for arm in ("peft-maxtext", "maxtext-engine"):
+        assert by_arm[arm]["status"] == "failed"
+        assert "the maxtext arms need the `maxtext` package" in by_arm[arm]["error"]["message"]
+
+
 def test_sigint_keeps_finished_cells_and_valid_jsonl(tmp_path):
     command = [sys.executable, "-m", "harness.cli", "run", "--arms", "native,native,native",
                "--preset", "tiny", "--seq", "16,32,64", "--batch", "4", "--ga", "1",
@@ -85,6 +96,8 @@ def test_sigint_keeps_finished_cells_and_valid_jsonl(tmp_path):
     (["--mesh", "fsdp=4"], "mesh 'fsdp=4' needs 4 devices but this cpu host has 1; on CPU "
                            "pass --cpu-devices"),
     (["--mesh", "tensor=4", "--cpu-devices", "4"], "more tensor shards than kv heads"),
+    (["--arms", "native,peft-maxtext", "--scan-layers"],
+     "scan_layers with remat=none cannot be expressed"),
 ])
 def test_bad_input_is_one_clear_error_before_any_cell(tmp_path, args, message):
     base = ["--arms", "native", "--preset", "tiny", "--seq", "16", "--batch", "4"]
@@ -113,5 +126,6 @@ def test_env_prints_the_fingerprint():
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "env"], env=_env(),
                           capture_output=True, text=True, timeout=120)
     env = json.loads(proc.stdout)
-    assert env["backend"] == "cpu" and env["versions"]["jax"] == "0.10.2"
+    assert env["backend"] == "cpu" and env["versions"]["jax"] == "0.11.2"
+    assert env["versions"]["maxtext"] == "0.2.5" and env["python"].startswith("3.12.")
     assert len(env["git_sha"]) == 40

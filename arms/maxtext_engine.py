@@ -1,0 +1,145 @@
+"""The `maxtext-engine` arm: MaxText's own `MaxTextTrainingEngine` (the engine ours must beat),
+from the installed `maxtext` wheel, driven with its own protocol: `compile(example)`, then
+`fwd_bwd(payload)` per micro-batch and `update()` per optimizer step.
+
+What is set from outside, and why:
+- the weights: the engine builds its own (randomly initialized) Transformer from the config;
+  ours are loaded into it before `compile`, so it starts where every other arm starts;
+- the loss and the batches: the shared workload loss, fed through the engine's custom-loss
+  hooks (`with_loss_fn`, `with_gen_model_input_fn`) as a Tunix `LossOutput` whose primary
+  metric is (loss sum, denominator): the engine accumulates unreduced sums and divides once;
+- the optimizer: the engine builds an `nnx.Optimizer` from its config (`opt_type`, schedule,
+  MaxText's AdamW defaults). Its documented override point, `_build_optimizer`, receives that
+  transform and here returns the cell's optax optimizer instead, with a gradient capture
+  chained in front. So every arm applies the same update rule at the same learning rate, and
+  the captured gradient is exactly what the engine hands its optimizer (after its divide by
+  the summed denominator and its clip). Wrapping beats a black-box SGD probe: it needs no
+  second run, holds for AdamW, and reads the gradient itself rather than a difference of
+  weights divided by a learning rate (which loses digits to float32 cancellation);
+- side outputs: TensorBoard, checkpoints, profiles and goodput recording are off (no other
+  arm writes any), and the run directory is a temp dir removed on close.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+
+from arms.base import Arm
+from arms.capture import with_capture
+from arms.workload import MicroBatch
+
+
+def _payload(mb: MicroBatch) -> dict:
+    """A micro-batch as the loss's keyword arguments (the unset GRPO fields left out)."""
+    return {k: v for k, v in mb._asdict().items() if v is not None}
+
+
+def _tunix_loss(loss_fn, abstract_engine):
+    """The shared loss as a MaxText/Tunix custom loss: `loss(model, **inputs) -> LossOutput`."""
+    from arms.models.maxtext_qwen3 import call_transformer
+
+    weighted = abstract_engine.WeightedMetric
+
+    def loss(model, tokens, targets, positions, segment_ids, loss_mask, advantages=None,
+             old_logprobs=None):
+        def forward(t, p, s):
+            return call_transformer(model, t, p, s)
+
+        out = loss_fn(forward, MicroBatch(tokens, targets, positions, segment_ids, loss_mask,
+                                          advantages, old_logprobs))
+        return abstract_engine.LossOutput(
+            primary_loss=weighted(out.loss_sum, out.denominator),
+            aux_metrics={name: weighted(value, out.denominator)
+                         for name, value in out.aux.items()})
+
+    return loss
+
+
+class MaxTextEngineArm(Arm):
+    trainer = "maxtext-engine"
+    trainer_name = "MaxText's MaxTextTrainingEngine"
+
+    def __init__(self, spec, model: str = "maxtext"):
+        if model != "maxtext":
+            raise ValueError(f"maxtext-engine drives only MaxText's own model, not {model!r}")
+        super().__init__(spec, model)
+
+    def build(self) -> None:
+        from arms.models import maxtext_qwen3 as mq
+
+        abstract_engine, maxtext_engine = mq.require_maxtext(engine=True)
+        spec = self.spec
+        config = spec.model_config()
+        tx = with_capture(spec.optimizer_tx())
+        mx_config = mq.maxtext_config(
+            config, mesh_shape=dict(self.mesh.shape), seq=spec.seq,
+            learning_rate=spec.learning_rate, warmup_steps_fraction=0.0,
+            learning_rate_final_fraction=1.0, gradient_clipping_threshold=spec.clip or 0.0,
+            grad_dtype="float32", enable_tensorboard=False, init_weights_seed=spec.seed)
+        mesh = mq.maxtext_mesh(self.mesh, mx_config)
+
+        class Engine(maxtext_engine.MaxTextTrainingEngine):
+            def _build_optimizer(self, maxtext_tx):
+                del maxtext_tx  # the cell's optimizer replaces the config-built one
+                return nnx.Optimizer(self._model, tx, wrt=nnx.Param)
+
+        start = time.perf_counter()
+        self.engine = Engine(mx_config, mesh=mesh)
+        mq.check_shardable(self.engine.model, mesh, mx_config, spec.micro_batch)
+        decoder = self._reference_weights()
+        mq.load_params(self.engine.model, mq.decoder_to_maxtext_params(
+            nnx.to_pure_dict(nnx.state(decoder, nnx.Param)), config), mesh, mx_config)
+        self.engine.with_loss_fn(_tunix_loss(spec.loss_fn(), abstract_engine), has_aux=True)
+        self.engine.with_gen_model_input_fn(_payload)
+        self.mesh, self.rules = mesh, mq.rules(mx_config)
+        self.engine.compile(self.place(spec.micro_batches())[0])
+        self.compile_seconds = time.perf_counter() - start
+        self._metrics = None
+
+    def _reference_weights(self):
+        from engine.model import build_decoder
+
+        return build_decoder(self.spec.model_config(), seed=self.spec.seed)
+
+    def step(self, micro_batches):
+        with jax.profiler.TraceAnnotation("fwd_bwd"):
+            for mb in micro_batches:
+                self.engine.fwd_bwd(mb)
+        with jax.profiler.TraceAnnotation("update"):
+            self.engine.update()
+        # One buffer per update, read as a user of the engine would; its gradient norm comes
+        # out of the update executable, so it is ready once the step has landed.
+        self._metrics = self.engine.get_metrics()
+        self.calls_per_step = len(micro_batches) + 1
+        return self._metrics.scalar_metrics["gradient_norm"]
+
+    def executables(self):
+        e = self.engine
+        return {"fwd_bwd": e._compiled_fwd_bwd, "fwd_bwd_accum": e._compiled_fwd_bwd_accum,
+                "update": e._compiled_update}
+
+    def kernel_calls_per_step(self) -> dict[str, int]:
+        return {"fwd_bwd": 1, "fwd_bwd_accum": self.spec.ga - 1, "update": 1}
+
+    def opt_state(self):
+        return self.engine.optimizer.opt_state
+
+    def captured_gradient(self):
+        from arms.capture import captured_gradient
+        from arms.models.maxtext_qwen3 import maxtext_to_decoder_params
+
+        return maxtext_to_decoder_params(nnx.to_pure_dict(captured_gradient(self.opt_state())),
+                                         self.spec.model_config())
+
+    def last_loss(self) -> float:
+        """The step loss as MaxText's MetricsLogger reports it: the step buffer holds one
+        (sum, denominator) per micro-batch, `compute()` divides each, and the logger takes
+        their mean, i.e. a mean of micro-batch means (the gradient itself is sum/sum)."""
+        return float(np.mean(np.asarray(self._metrics.weighted_metrics["loss"].compute())))
+
+    def close(self) -> None:
+        self.engine.close()
