@@ -3,27 +3,18 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 from flax import nnx
 
 from arms.capture import captured_gradient
+from arms.registry import MODELS, TRAINERS
 from arms.spec import CellSpec
 from arms.workload import MicroBatch
 from engine.model import LOGICAL_AXIS_RULES, batch_sharding, build_decoder
 from engine.model.sharding import LogicalRules, place_global_batch
-
-MODELS = ("decoder", "maxtext", "tunix")
-"""Model kinds: our MaxText-style decoder, the real MaxText Qwen3, or Tunix's Qwen3; all
-three hold the same weights."""
-
-
-MODEL_NAMES = {"decoder": "our MaxText-style decoder",
-               "maxtext": "the real MaxText Qwen3 (maxtext)",
-               "tunix": "Tunix's Qwen3"}
-"""What each model kind is, as the report names it."""
 
 
 def build_model(kind: str, spec: CellSpec, mesh) -> nnx.Module:
@@ -69,9 +60,7 @@ class Arm(abc.ABC):
     """One trainer driving one model over the shared workload of a `CellSpec`."""
 
     trainer: str = ""
-    """Registry name of the trainer ("engine", "engine-fused", "native", "peft")."""
-    trainer_name: str = ""
-    """What the trainer is, as the report names it."""
+    """Registry name of the trainer (arms.registry.TRAINERS), or of a plugin arm."""
 
     def __init__(self, spec: CellSpec, model: str = "decoder"):
         if model not in MODELS:
@@ -81,7 +70,7 @@ class Arm(abc.ABC):
         self.rules: LogicalRules = LOGICAL_AXIS_RULES
         check_model(model, spec)
         self.compile_seconds = 0.0
-        self.calls_per_step = 0  # executable calls the last step() dispatched
+        self._executions = 0  # executable calls the last step() dispatched
 
     def build_model(self) -> nnx.Module:
         """Builds this arm's model and adopts the mesh and rules it runs under."""
@@ -131,75 +120,19 @@ class Arm(abc.ABC):
                                            self.spec.model_config())
         return nnx.to_pure_dict(grads)
 
-    def kernel_calls_per_step(self) -> dict[str, int]:
+    def calls_per_step(self) -> dict[str, int]:
         """Calls of each executable per optimizer step (weights FLOPs per step)."""
         return dict.fromkeys(self.executables(), 1)
 
     def about(self) -> str:
         """'<trainer> on <model>' in words, for the record and the report."""
-        return f"{self.trainer_name} on {MODEL_NAMES[self.model_kind]}"
+        trainer = TRAINERS.get(self.trainer)
+        return (f"{trainer.about if trainer else 'plugin arm ' + self.trainer} on "
+                f"{MODELS[self.model_kind]}")
 
     def executions_per_step(self) -> int:
         """Executable calls per optimizer step as dispatched by `step` (0 before a step)."""
-        return self.calls_per_step
+        return self._executions
 
     def close(self) -> None:  # noqa: B027 - optional hook, most arms hold nothing to release
         """Releases the trainer (no-op by default)."""
-
-
-ArmFactory = Callable[[CellSpec, str], Arm]
-
-NAMED_ARMS: dict[str, tuple[str, str]] = {
-    "engine": ("engine", "decoder"),
-    "engine-fused": ("engine-fused", "decoder"),
-    "native": ("native", "decoder"),
-    "peft-decoder": ("peft", "decoder"),
-    "peft-maxtext": ("peft", "maxtext"),
-    "peft-tunix": ("peft", "tunix"),
-    "maxtext-engine": ("maxtext-engine", "maxtext"),
-}
-"""Arm names -> (trainer, model). Any other pair is spelled TRAINER:MODEL."""
-
-
-def _trainers() -> dict[str, ArmFactory]:
-    from arms.engine_arm import EngineArm, FusedEngineArm
-    from arms.maxtext_engine import MaxTextEngineArm
-    from arms.native import NativeArm
-    from arms.peft import PeftArm
-
-    return {"engine": EngineArm, "engine-fused": FusedEngineArm, "native": NativeArm,
-            "peft": PeftArm, "maxtext-engine": MaxTextEngineArm}
-
-
-TRAINERS = ("engine", "engine-fused", "native", "peft")
-"""Trainers that drive any model kind (TRAINER:MODEL); `maxtext-engine` drives only its own."""
-
-
-_REGISTERED: dict[str, Callable[[CellSpec], Arm]] = {}
-
-
-def register(name: str, factory: Callable[[CellSpec], Arm]) -> None:
-    """Adds an arm by name (e.g. a test-only arm from a plugin module)."""
-    _REGISTERED[name] = factory
-
-
-def resolve(name: str) -> tuple[str, str]:
-    """'peft-tunix' or 'engine:tunix' -> (trainer, model); a clear error lists the valid."""
-    if name in _REGISTERED:
-        return name, "registered"
-    if name in NAMED_ARMS:
-        return NAMED_ARMS[name]
-    trainer, _, model = name.partition(":")
-    if trainer in TRAINERS and model in MODELS:
-        return trainer, model
-    raise ValueError(
-        f"unknown arm {name!r}; valid arms: {', '.join(NAMED_ARMS)}, or any TRAINER:MODEL "
-        f"with TRAINER in {{{', '.join(TRAINERS)}}} and MODEL in {{{', '.join(MODELS)}}}")
-
-
-def make_arm(name: str, spec: CellSpec) -> Arm:
-    """An unbuilt arm by name; call `.build()` to compile it."""
-    if name in _REGISTERED:
-        return _REGISTERED[name](spec)
-    trainer, model = resolve(name)
-    return _trainers()[trainer](spec, model)

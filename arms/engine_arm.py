@@ -14,7 +14,6 @@ from engine import EngineConfig, TrainingEngine
 
 class EngineArm(Arm):
     trainer = "engine"
-    trainer_name = "our TrainingEngine (split fwd_bwd + update)"
     fused = False
 
     def build(self) -> None:
@@ -41,10 +40,10 @@ class EngineArm(Arm):
             with jax.profiler.TraceAnnotation("update"):
                 self.engine.update()
         self._calls = {name: k.calls - before[name] for name, k in self.engine.kernels.items()}
-        self.calls_per_step = sum(self._calls.values())
+        self._executions = sum(self._calls.values())
         return self.engine.params
 
-    def kernel_calls_per_step(self) -> dict[str, int]:
+    def calls_per_step(self) -> dict[str, int]:
         return dict(self._calls)
 
     def place(self, micro_batches):
@@ -65,5 +64,4 @@ class EngineArm(Arm):
 
 class FusedEngineArm(EngineArm):
     trainer = "engine-fused"
-    trainer_name = "our TrainingEngine (fused train_step)"
     fused = True

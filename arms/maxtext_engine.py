@@ -61,7 +61,6 @@ def _tunix_loss(loss_fn, abstract_engine):
 
 class MaxTextEngineArm(Arm):
     trainer = "maxtext-engine"
-    trainer_name = "MaxText's MaxTextTrainingEngine"
 
     def __init__(self, spec, model: str = "maxtext"):
         if model != "maxtext":
@@ -114,7 +113,7 @@ class MaxTextEngineArm(Arm):
         # One buffer per update, read as a user of the engine would; its gradient norm comes
         # out of the update executable, so it is ready once the step has landed.
         self._metrics = self.engine.get_metrics()
-        self.calls_per_step = len(micro_batches) + 1
+        self._executions = len(micro_batches) + 1
         return self._metrics.scalar_metrics["gradient_norm"]
 
     def executables(self):
@@ -122,7 +121,7 @@ class MaxTextEngineArm(Arm):
         return {"fwd_bwd": e._compiled_fwd_bwd, "fwd_bwd_accum": e._compiled_fwd_bwd_accum,
                 "update": e._compiled_update}
 
-    def kernel_calls_per_step(self) -> dict[str, int]:
+    def calls_per_step(self) -> dict[str, int]:
         return {"fwd_bwd": 1, "fwd_bwd_accum": self.spec.ga - 1, "update": 1}
 
     def opt_state(self):

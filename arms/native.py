@@ -47,7 +47,6 @@ def native_step(graph, loss_fn, tx, clip, params, rest, opt_state, batches):
 
 class NativeArm(Arm):
     trainer = "native"
-    trainer_name = "one jitted step (the limit)"
 
     def build(self) -> None:
         spec = self.spec
@@ -84,7 +83,7 @@ class NativeArm(Arm):
             params, rest, opt_state, self._loss = self.compiled(params, rest, opt_state,
                                                                 tuple(micro_batches))
         self.state = (params, rest, opt_state)
-        self.calls_per_step = 1
+        self._executions = 1
         return params
 
     def executables(self):

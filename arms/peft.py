@@ -55,7 +55,6 @@ def _mean_loss(loss_fn):
 
 class PeftArm(Arm):
     trainer = "peft"
-    trainer_name = "Tunix's PeftTrainer"
 
     @contextlib.contextmanager
     def _context(self):
@@ -104,13 +103,13 @@ class PeftArm(Arm):
                 loss, _aux, _grad_norm = self.train_step(inputs)
                 throttler.add_computation(loss)
                 self._losses.append(loss)
-        self.calls_per_step = len(micro_batches)
+        self._executions = len(micro_batches)
         return self._losses
 
     def executables(self):
         return {"train_step": self._compiled}
 
-    def kernel_calls_per_step(self) -> dict[str, int]:
+    def calls_per_step(self) -> dict[str, int]:
         return {"train_step": self.spec.ga}
 
     def opt_state(self):

@@ -110,6 +110,3 @@ class CellSpec:
             data["ragged"] = tuple(data["ragged"])
         return cls(**data)
 
-    def replace(self, **changes) -> CellSpec:
-        return dataclasses.replace(self, **changes)
-

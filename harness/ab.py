@@ -15,10 +15,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from harness import regression
-from harness.fingerprint import REPO
+from harness.console import cell_name
+from harness.environment import REPO
 from harness.runner import run_grid
-from harness.summary import cell_name
 from harness.worker import CellRun
+from reports.record import ABTag, Spec, section
 
 
 def _git(*args: str, cwd: Path = REPO) -> str:
@@ -85,15 +86,15 @@ def run_ab(ref_a: str, ref_b: str, cells: Sequence[CellRun], out_dir: Path, *,
                     _, records = run_grid(cells, out_dir, env=side_env, timeout_s=timeout_s,
                                           run_id=f"ab-r{round_index}-{side}",
                                           cwd=trees[side], on_record=on_record,
-                                          extra={"ab": {"side": side, "sha": shas[side],
-                                                        "round": round_index}})
+                                          ab=ABTag(side=side, sha=shas[side],
+                                                   round=round_index))
                     for i, record in enumerate(records):
-                        if record["status"] == "ok":
-                            samples.setdefault((side, i), []).append(
-                                record["timing"]["step_ms"])
+                        if record.ok:
+                            samples.setdefault((side, i), []).append(record.timing.step_ms)
                         else:
-                            failed.append(f"{side} round {round_index}: {cell_name(record)}: "
-                                          f"{record['error']['message']}")
+                            failed.append(f"{side} round {round_index}: "
+                                          f"{cell_name(record.arm, record.spec)}: "
+                                          f"{record.error.message}")
         finally:
             for tree in trees.values():
                 _git("worktree", "remove", "--force", str(tree), cwd=repo)
@@ -103,7 +104,7 @@ def run_ab(ref_a: str, ref_b: str, cells: Sequence[CellRun], out_dir: Path, *,
     for i, cell in enumerate(cells):
         a, b = samples[("A", i)], samples[("B", i)]
         c = regression.compare(a, b)
-        name = cell_name({"arm": cell.arm, "spec": cell.spec})
+        name = cell_name(cell.arm, section(Spec, cell.spec))
         rows.append(ABRow(name, _median(a), _median(b), c, min_effect))
     return rows
 

@@ -8,7 +8,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from arms.base import check_model, resolve
+from arms.base import check_model
+from arms.registry import resolve
 from arms.spec import CellSpec
 from engine.model import check_fits
 from harness.worker import CellRun

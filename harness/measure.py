@@ -1,5 +1,5 @@
-"""Measurement primitives: step-time statistics, GC pauses, RSS high-water, executable memory
-and FLOPs, MFU where the device's peak is known."""
+"""Measurement primitives: step-time statistics, GC pauses, RSS high-water, executable memory,
+compiled FLOPs and bytes per step, MFU where the device's peak is known."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import time
 from collections.abc import Iterator, Mapping
 
 import numpy as np
+
+from reports.record import Cost, ExecutableMemory, StepStats
 
 # Dense bf16 peak FLOP/s per chip, by `device_kind`. MFU is reported against this peak only;
 # kinds not listed (CPU included) report FLOP/s without MFU.
@@ -41,17 +43,16 @@ def timed_steps(step, steps: int, block) -> tuple[list[float], list[float], list
     return step_ms, dispatch_ms, wait_ms
 
 
-def summarize(samples_ms: list[float]) -> dict[str, float]:
+def step_stats(samples_ms: list[float]) -> StepStats:
     """median, mean, max, min, p90 and CV (stdev / mean) of per-step times in ms."""
     if not samples_ms:
-        return {}
+        raise ValueError("no timed steps: --steps must be >= 1")
     array = np.asarray(samples_ms, np.float64)
     mean = float(array.mean())
-    return {
-        "median_ms": float(np.median(array)), "mean_ms": mean, "max_ms": float(array.max()),
-        "min_ms": float(array.min()), "p90_ms": float(np.percentile(array, 90)),
-        "cv": float(statistics.stdev(array) / mean) if len(array) > 1 and mean else 0.0,
-    }
+    return StepStats(
+        median_ms=float(np.median(array)), mean_ms=mean, max_ms=float(array.max()),
+        min_ms=float(array.min()), p90_ms=float(np.percentile(array, 90)),
+        cv=float(statistics.stdev(array) / mean) if len(array) > 1 and mean else 0.0)
 
 
 @dataclasses.dataclass
@@ -106,7 +107,7 @@ def rss_high_water() -> Iterator[dict]:
         result["rss_delta_bytes"] = max(0, after - before) * 1024
 
 
-def executable_memory(compiled) -> dict[str, int] | None:
+def executable_memory(compiled) -> ExecutableMemory | None:
     """argument + output - alias + temp bytes of one compiled executable (per device)."""
     try:
         analysis = compiled.memory_analysis()
@@ -114,12 +115,10 @@ def executable_memory(compiled) -> dict[str, int] | None:
         return None
     if analysis is None:
         return None
-    parts = {"argument": analysis.argument_size_in_bytes,
-             "output": analysis.output_size_in_bytes,
-             "alias": analysis.alias_size_in_bytes,
-             "temp": analysis.temp_size_in_bytes}
-    parts["total"] = parts["argument"] + parts["output"] - parts["alias"] + parts["temp"]
-    return parts
+    argument, output = analysis.argument_size_in_bytes, analysis.output_size_in_bytes
+    alias, temp = analysis.alias_size_in_bytes, analysis.temp_size_in_bytes
+    return ExecutableMemory(argument=argument, output=output, alias=alias, temp=temp,
+                            total=argument + output - alias + temp)
 
 
 def executable_cost(compiled, key: str) -> float | None:
@@ -139,12 +138,29 @@ def executable_cost(compiled, key: str) -> float | None:
     return float(cost[key])
 
 
-def executable_flops(compiled) -> float | None:
-    return executable_cost(compiled, "flops")
+def per_step(per_executable: Mapping[str, float | None],
+             calls: Mapping[str, int]) -> float | None:
+    """sum over executables of value x calls per step; None if any value is missing."""
+    if any(v is None for v in per_executable.values()):
+        return None
+    return sum(v * calls.get(n, 0) for n, v in per_executable.items())
 
 
-def executable_bytes(compiled) -> float | None:
-    return executable_cost(compiled, "bytes accessed")
+def cost(executables: Mapping, calls: Mapping[str, int], median_ms: float, device_kind: str,
+         device_count: int) -> Cost:
+    """Compiled FLOPs and bytes accessed per step (XLA's counts x calls per step), FLOP/s at
+    the median step time, and MFU against the device kind's bf16 peak where it is known."""
+    flops = {name: executable_cost(c, "flops") for name, c in executables.items()}
+    accessed = {name: executable_cost(c, "bytes accessed") for name, c in executables.items()}
+    flops_per_step = per_step(flops, calls)
+    flops_per_s = flops_per_step / (median_ms / 1e3) if flops_per_step else None
+    peak = PEAK_BF16_FLOPS.get(device_kind)
+    return Cost(flops_per_step=flops_per_step, flops_per_s=flops_per_s,
+                mfu_vs_bf16_peak=(flops_per_s / (peak * device_count)
+                                  if flops_per_s and peak else None),
+                flops_per_executable=flops, calls_per_step=dict(calls),
+                bytes_accessed_per_step=per_step(accessed, calls),
+                bytes_accessed_per_executable=accessed)
 
 
 def peak_bytes_in_use(devices) -> int | None:

@@ -8,7 +8,7 @@ so run-to-run variation (memory layout, machine state) widens the interval as it
 - A/B verdict: "slower" if the CI lies above 1 and the ratio is at least 1 + MIN_EFFECT,
   "faster" symmetrically, else "no detectable difference"; the minimum detectable effect is
   the CI's half-width relative to the ratio.
-Only records with the same fingerprint (versions, backend, device kind and count, XLA flags,
+Only records with the same environment (versions, backend, device kind and count, XLA flags,
 process count), arm and cell config are ever compared.
 """
 
@@ -20,18 +20,18 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from harness.fingerprint import COMPARABLE_KEYS
+from harness.environment import COMPARABLE_KEYS
+from reports.record import Record
 
 RESAMPLES = 2000
 CONFIDENCE = 0.95
 
 
-def cell_key(record: dict) -> tuple:
+def cell_key(record: Record) -> tuple:
     """Records with equal keys measure the same thing in the same environment."""
-    fp = record.get("fingerprint") or {}
-    env = tuple(json.dumps(fp.get(k), sort_keys=True) for k in COMPARABLE_KEYS)
-    return (record["arm"], record["config_hash"], record["run"]["steps"],
-            record["run"]["warmup"], *env)
+    env = tuple(json.dumps(getattr(record.environment, k, None), sort_keys=True)
+                for k in COMPARABLE_KEYS)
+    return (record.arm, record.config_hash, record.run.steps, record.run.warmup, *env)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,33 +90,30 @@ def verdict(c: Comparison, min_effect: float = MIN_EFFECT) -> str:
 
 @dataclasses.dataclass
 class NightlyRow:
-    record: dict
+    record: Record
     status: str
     """"regression", "ok", "first run (baseline)", or "failed"."""
     comparison: Comparison | None = None
-    history: list[dict] = dataclasses.field(default_factory=list)
+    history: list[Record] = dataclasses.field(default_factory=list)
 
 
-def against_history(new: Sequence[dict], history: Sequence[dict], *, threshold: float,
-                    thresholds: dict[str, float] | None = None,
+def against_history(new: Sequence[Record], history: Sequence[Record], *, threshold: float,
                     baseline_runs: int = 5) -> list[NightlyRow]:
     """Classifies each new record against the last `baseline_runs` comparable runs."""
     rows = []
     for record in new:
-        if record["status"] != "ok":
+        if not record.ok:
             rows.append(NightlyRow(record, "failed"))
             continue
         key = cell_key(record)
-        past = [h for h in history if h["status"] == "ok" and h.get("run_id") !=
-                record.get("run_id") and cell_key(h) == key]
-        past.sort(key=lambda h: h.get("timestamp", ""))
+        past = [h for h in history if h.ok and h.run_id != record.run_id
+                and cell_key(h) == key]
+        past.sort(key=lambda h: h.timestamp or "")
         if not past:
             rows.append(NightlyRow(record, "first run (baseline)"))
             continue
-        limit = (thresholds or {}).get(record["arm"], threshold)
         baseline = past[-baseline_runs:]
-        c = compare([h["timing"]["step_ms"] for h in baseline],
-                    [record["timing"]["step_ms"]])
-        rows.append(NightlyRow(record, "regression" if is_regression(c, limit) else "ok", c,
-                               past))
+        c = compare([h.timing.step_ms for h in baseline], [record.timing.step_ms])
+        rows.append(NightlyRow(record, "regression" if is_regression(c, threshold) else "ok",
+                               c, past))
     return rows

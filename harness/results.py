@@ -8,11 +8,10 @@ import os
 from pathlib import Path
 
 from reports import records
+from reports.record import Record
 
-SCHEMA = records.SCHEMA
 
-
-def append(path: str | Path, record: dict) -> None:
+def append(path: str | Path, record: Record) -> None:
     """Appends one record as one line with a single O_APPEND write, then fsyncs.
 
     A reader never sees half a record from an interrupted run: the line is written whole or
@@ -21,7 +20,8 @@ def append(path: str | Path, record: dict) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = (json.dumps(_finite(record), sort_keys=True, allow_nan=False) + "\n").encode()
+    line = (json.dumps(_finite(record.to_json()), sort_keys=True, allow_nan=False)
+            + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         written = os.write(fd, line)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from harness import results
 from harness.worker import CellRun
+from reports.record import ABTag, Environment, Failure, Record, RunOptions, Spec, section
 
 STDERR_TAIL = 4000
 
@@ -33,21 +34,21 @@ def cpu_env(cpu_devices: int | None, base: dict | None = None) -> dict[str, str]
 
 
 def probe(env: dict[str, str], timeout_s: float = 120) -> dict:
-    """The fingerprint of the environment cells will see, from a short subprocess."""
-    proc = subprocess.run([sys.executable, "-m", "harness.fingerprint"], env=env,
+    """The environment cells will see (harness.environment), from a short subprocess."""
+    proc = subprocess.run([sys.executable, "-m", "harness.environment"], env=env,
                           capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
         raise RuntimeError(f"could not start JAX in a subprocess:\n{proc.stderr[-STDERR_TAIL:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _failure(reason: str, message: str, stderr: str) -> dict:
-    return {"status": "failed", "error": {"reason": reason, "message": message,
-                                          "stderr_tail": stderr[-STDERR_TAIL:]}}
+def _failure(reason: str, message: str, stderr: str) -> Record:
+    return Record(status="failed", error=Failure(reason=reason, message=message,
+                                                 stderr_tail=stderr[-STDERR_TAIL:]))
 
 
 def run_one(cell: CellRun, env: dict[str, str], timeout_s: float,
-            cwd: Path | None = None) -> dict:
+            cwd: Path | None = None) -> Record:
     """Runs `cell` in a fresh process; never raises for what happens inside the cell."""
     with tempfile.TemporaryDirectory(prefix="parity-cell-") as tmp:
         out = Path(tmp) / "record.json"
@@ -75,9 +76,9 @@ def run_one(cell: CellRun, env: dict[str, str], timeout_s: float,
             record = _failure("timeout", f"cell exceeded its {timeout_s:.0f} s timeout",
                               stderr_text)
         elif out.exists():
-            record = json.loads(out.read_text())
-            if record.get("error"):
-                record["error"]["stderr_tail"] = stderr_text[-STDERR_TAIL:]
+            record = Record.from_json(json.loads(out.read_text()), f"cell {cell.arm}")
+            if record.error:
+                record.error.stderr_tail = stderr_text[-STDERR_TAIL:]
         elif "stopped sending heartbeats" in stderr_text:
             record = _failure("peer-died", "another process of this multi-process cell died "
                                            "(no heartbeats); this one stopped instead of "
@@ -91,19 +92,19 @@ def run_one(cell: CellRun, env: dict[str, str], timeout_s: float,
             how = (f"was killed by {signal.Signals(-code).name}" if code < 0
                    else f"exited with code {code}")
             record = _failure("crash", f"cell process {how} without a record", stderr_text)
-    record["wall_s"] = elapsed
+    record.wall_s = elapsed
     return record
 
 
 def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, str],
              timeout_s: float, run_id: str | None = None, suite: str | None = None,
-             on_record: Callable[[int, dict], None] | None = None, cwd: Path | None = None,
-             extra: dict | None = None, fingerprint: dict | None = None,
-             distributed: dict | None = None) -> tuple[Path, list[dict]]:
+             on_record: Callable[[int, Record], None] | None = None, cwd: Path | None = None,
+             ab: ABTag | None = None, environment: dict | None = None,
+             distributed: dict | None = None) -> tuple[Path, list[Record]]:
     """Runs every cell, appending each record to `out_dir/<run_id>.jsonl` as it finishes.
 
-    `cwd` is where cells run (an A/B worktree); `extra` is merged into every record;
-    `fingerprint` stands in for cells that died before writing their own. With
+    `cwd` is where cells run (an A/B worktree); `ab` tags every record with its A/B side;
+    `environment` stands in for cells that died before writing their own. With
     `distributed` ({"coordinator": "HOST:PORT", "num_processes", "process_id"}) this is one
     host's runner: cell k's processes meet at PORT + k, and only process 0 writes records.
     """
@@ -115,16 +116,15 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
         if distributed:
             cell = dataclasses.replace(cell, distributed=_cell_distributed(distributed, index))
         record = run_one(cell, env, timeout_s, cwd)
-        record.update({
-            "schema": results.SCHEMA, "run_id": run_id, "suite": suite,
-            "arm": cell.arm, "spec": cell.spec, "config_hash": _config_hash(cell),
-            "run": {"steps": cell.steps, "warmup": cell.warmup, "trace": cell.trace,
-                    "trace_steps": cell.trace_steps, "parity": cell.parity},
-            "timestamp": datetime.datetime.now(datetime.UTC).isoformat(),
-            **(extra or {}),
-        })
-        if not record.get("fingerprint"):
-            record["fingerprint"] = fingerprint
+        record.run_id, record.suite, record.arm = run_id, suite, cell.arm
+        record.spec = section(Spec, cell.spec)
+        record.config_hash = _config_hash(cell)
+        record.run = RunOptions(steps=cell.steps, warmup=cell.warmup, trace=cell.trace,
+                                trace_steps=cell.trace_steps, parity=cell.parity)
+        record.timestamp = datetime.datetime.now(datetime.UTC).isoformat()
+        record.ab = ab
+        if record.environment is None and environment is not None:
+            record.environment = section(Environment, environment)
         if writer:
             results.append(path, record)
         records.append(record)

@@ -11,9 +11,9 @@ from flax import nnx
 
 from arms.workload import (
     TokenCrossEntropy,
+    data_digest,
     denominators,
     exact_loss_and_gradient,
-    fingerprint,
     forward,
     global_norm,
     make_micro_batches,
@@ -111,7 +111,7 @@ def selftest(preset: str = "tiny", ragged: Sequence[int] = (64, 16, 40, 8)) -> l
                                  vocab_size=config.vocab_size, loss_tokens=ragged)
     loss, grads = exact_loss_and_gradient(model, batches, TokenCrossEntropy())
     dens = ", ".join(f"{d:g}" for d in denominators(batches))
-    lines.append(f"ragged micro-batches [{dens}] fingerprint {fingerprint(batches)[:12]}: "
+    lines.append(f"ragged micro-batches [{dens}] data sha256 {data_digest(batches)[:12]}: "
                  f"loss {loss:.6f}, exact gradient L2 {global_norm(grads):.6f}")
     parity, ok = logits_parity()
     lines += parity

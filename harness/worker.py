@@ -2,9 +2,10 @@
 
 Order inside the cell: build + compile (timed apart) -> the first warmup step, whose captured
 gradient is kept for the parity check -> the other warmup steps -> the untraced timed window
-(per-step wall, dispatch and wait; GC pauses; RSS high-water) -> memory and FLOPs of the
-executables -> an optional traced window (never the timed one) -> the exact reference
-gradient, computed last so its memory cannot pollute the measured peaks.
+(per-step wall, dispatch and wait; GC pauses; RSS high-water) -> memory and compiled cost of
+the executables -> an optional traced window (never the timed one) -> the exact reference
+gradient, computed last so its memory cannot pollute the measured peaks. Each phase is a
+small function returning its section of the `reports.record.Record` the cell writes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,20 @@ import sys
 import time
 import traceback
 
+from reports.record import (
+    Cost,
+    Environment,
+    Failure,
+    GCPauses,
+    HostMemory,
+    Memory,
+    Parity,
+    Record,
+    Timing,
+    Trace,
+    section,
+)
+
 STEP_ANNOTATION = "train"
 
 
@@ -25,7 +40,7 @@ class CellRun:
     """One cell as the runner hands it to a worker."""
 
     arm: str
-    """Arm name (arms.base.resolve)."""
+    """Arm name (arms.registry.resolve)."""
     spec: dict
     """arms.spec.CellSpec as a dict."""
     steps: int = 10
@@ -100,30 +115,44 @@ def _block(out) -> None:
     jax.block_until_ready(out)
 
 
-def run_cell(run: CellRun) -> dict:
-    """Measures one cell in this process; returns the record's measured sections."""
+def run_cell(run: CellRun) -> Record:
+    """Measures one cell in this process: a script of phases, each filling its section."""
     import importlib
 
     for module in run.plugins:
         importlib.import_module(module)
-
-    import jax
-    import numpy as np
-
-    from arms.base import make_arm
     from arms.spec import CellSpec
-    from harness import measure
 
     if run.warmup < 1:
         raise ValueError("warmup must be >= 1 (the first warmup step is the parity step)")
     spec = CellSpec.from_dict(run.spec)
     compiles = CompileCounter()
-    arm = make_arm(run.arm, spec)
+    arm, build_s = _build(run.arm, spec)
+    batches = arm.place(spec.micro_batches(0))
+    first_loss, captured = _warmup(arm, batches, run)
+    timing, rss_growth = _timed_window(arm, batches, run, spec, compiles, build_s)
+    executables = arm.executables()
+    record = Record(
+        about=arm.about(), timing=timing, memory=_memory(executables, rss_growth),
+        cost=_cost(executables, arm.calls_per_step(), timing.stats.median_ms),
+        trace=_traced_window(arm, batches, run) if run.trace else None,
+        parity=_parity(spec, captured, first_loss) if run.parity else None)
+    arm.close()
+    return record
+
+
+def _build(name: str, spec):
+    """(built arm, build seconds): model, trainer and every executable a step runs."""
+    from arms.registry import make_arm
+
+    arm = make_arm(name, spec)
     start = time.perf_counter()
     arm.build()
-    build_s = time.perf_counter() - start
-    batches = arm.place(spec.micro_batches(0))
+    return arm, time.perf_counter() - start
 
+
+def _warmup(arm, batches, run: CellRun):
+    """Runs the warmup steps; returns the first one's (loss, captured gradient on the host)."""
     _block(arm.step(batches))  # warmup 1: the parity step
     first_loss = arm.last_loss()
     if not math.isfinite(first_loss):
@@ -132,67 +161,57 @@ def run_cell(run: CellRun) -> dict:
     captured = host_gather(arm.captured_gradient()) if run.parity else None
     for _ in range(run.warmup - 1):
         _block(arm.step(batches))
-    compiles_after_warmup = compiles.count
+    return first_loss, captured
 
+
+def _timed_window(arm, batches, run: CellRun, spec, compiles,
+                  build_s: float) -> tuple[Timing, int | None]:
+    """The untraced timed window: per-step wall, dispatch and wait; GC pauses; recompiles.
+    Also returns the process's RSS high-water growth over the window (for Memory)."""
+    from harness import measure
+
+    compiled_before = compiles.count
     gc_pauses = measure.GCPauses()
     with gc_pauses.watch(), measure.rss_high_water() as rss:
         step_ms, dispatch_ms, wait_ms = measure.timed_steps(lambda: arm.step(batches),
                                                             run.steps, _block)
-    recompiles = compiles.count - compiles_after_warmup
-    summary = measure.summarize(step_ms)
+    stats = measure.step_stats(step_ms)
     tokens = spec.batch * spec.seq
-
-    executables = arm.executables()
-    calls = arm.kernel_calls_per_step()
-    memory = {name: measure.executable_memory(c) for name, c in executables.items()}
-    flops = {name: measure.executable_flops(c) for name, c in executables.items()}
-    accessed = {name: measure.executable_bytes(c) for name, c in executables.items()}
-    step_flops, step_bytes = _per_step(flops, calls), _per_step(accessed, calls)
-    device = jax.local_devices()[0]
-    peak = measure.PEAK_BF16_FLOPS.get(device.device_kind)
-    flops_per_s = step_flops / (summary["median_ms"] / 1e3) if step_flops else None
-    record = {
-        "about": arm.about(),
-        "timing": {
-            "steps": run.steps, "warmup": run.warmup, "step_ms": step_ms,
-            "dispatch_ms": dispatch_ms, "wait_ms": wait_ms, "summary": summary,
-            "gc": {"count": gc_pauses.count, "total_ms": gc_pauses.total_ms},
-            "tokens_per_step": tokens,
-            "tokens_per_s": tokens / (summary["median_ms"] / 1e3),
-            "build_s": build_s, "compile_s": arm.compile_seconds,
-            "recompiles_after_warmup": recompiles,
-            "executions_per_step_dispatched": arm.executions_per_step(),
-        },
-        "flops": {
-            "per_step": step_flops, "flops_per_s": flops_per_s,
-            "mfu_vs_bf16_peak": (flops_per_s / (peak * jax.device_count())
-                                 if flops_per_s and peak else None),
-            "per_executable": flops, "calls_per_step": calls,
-            "bytes_accessed_per_step": step_bytes, "bytes_accessed_per_executable": accessed,
-        },
-        "memory": {
-            "peak_bytes_in_use": measure.peak_bytes_in_use(jax.local_devices()),
-            "executables": memory,
-            "planned_bytes": max((m["total"] for m in memory.values() if m), default=None),
-            "rss_delta_bytes": rss["rss_delta_bytes"],
-            "hosts": _per_host_memory(rss["rss_delta_bytes"],
-                                      measure.peak_bytes_in_use(jax.local_devices()), np),
-        },
-        "trace": _traced_window(arm, batches, run) if run.trace else None,
-        "parity": _parity(spec, captured, first_loss) if run.parity else None,
-    }
-    arm.close()
-    return record
+    return Timing(
+        steps=run.steps, warmup=run.warmup, step_ms=step_ms, dispatch_ms=dispatch_ms,
+        wait_ms=wait_ms, stats=stats,
+        gc=GCPauses(count=gc_pauses.count, total_ms=gc_pauses.total_ms),
+        tokens_per_step=tokens, tokens_per_s=tokens / (stats.median_ms / 1e3),
+        build_s=build_s, compile_s=arm.compile_seconds,
+        recompiles_after_warmup=compiles.count - compiled_before,
+        executions_per_step=arm.executions_per_step()), rss["rss_delta_bytes"]
 
 
-def _per_step(per_executable: dict, calls: dict) -> float | None:
-    """sum over executables of value x calls per step; None if any value is missing."""
-    if any(v is None for v in per_executable.values()):
-        return None
-    return sum(v * calls.get(n, 0) for n, v in per_executable.items())
+def _memory(executables, rss: int | None) -> Memory:
+    """Each executable's planned memory, the device peak and the timed window's RSS growth,
+    per host."""
+    import jax
+    import numpy as np
+
+    from harness import measure
+
+    planned = {name: measure.executable_memory(c) for name, c in executables.items()}
+    peak = measure.peak_bytes_in_use(jax.local_devices())
+    return Memory(peak_bytes_in_use=peak, executables=planned,
+                  planned_bytes=max((m.total for m in planned.values() if m), default=None),
+                  rss_delta_bytes=rss, hosts=_per_host_memory(rss, peak, np))
 
 
-def _per_host_memory(rss_delta, peak, np) -> list[dict]:
+def _cost(executables, calls: dict[str, int], median_ms: float) -> Cost:
+    import jax
+
+    from harness import measure
+
+    return measure.cost(executables, calls, median_ms, jax.local_devices()[0].device_kind,
+                        jax.device_count())
+
+
+def _per_host_memory(rss_delta, peak, np) -> list[HostMemory]:
     """[{process, rss_delta_bytes, peak_bytes_in_use}] for every process of the cell."""
     import jax
 
@@ -203,11 +222,12 @@ def _per_host_memory(rss_delta, peak, np) -> list[dict]:
         from jax.experimental import multihost_utils
 
         mine = np.asarray(multihost_utils.process_allgather(mine, tiled=True))
-    return [{"process": int(p), "rss_delta_bytes": None if r < 0 else int(r) * 1024,
-             "peak_bytes_in_use": None if k < 0 else int(k) * 1024} for p, r, k in mine]
+    return [HostMemory(process=int(p), rss_delta_bytes=None if r < 0 else int(r) * 1024,
+                       peak_bytes_in_use=None if k < 0 else int(k) * 1024)
+            for p, r, k in mine]
 
 
-def _traced_window(arm, batches, run: CellRun) -> dict:
+def _traced_window(arm, batches, run: CellRun) -> Trace:
     import jax
 
     from harness import trace
@@ -218,21 +238,21 @@ def _traced_window(arm, batches, run: CellRun) -> dict:
                 _block(arm.step(batches))
     path = trace.find_xplane(directory)
     steps = trace.parse_steps(path)
-    return {
-        "xplane": path, "logdir": directory,
-        "executions_per_step": [s.executions for s in steps],
-        "modules_per_step": [list(s.modules) for s in steps],
-        "step_ms": [s.wall_ns / 1e6 for s in steps],
-        "busy_ms": [s.busy_ns / 1e6 for s in steps],
-        "host_ms": [(s.wall_ns - s.busy_ns) / 1e6 for s in steps],
-    }
+    return Trace(xplane=path, logdir=directory,
+                 executions_per_step=[s.executions for s in steps],
+                 modules_per_step=[list(s.modules) for s in steps],
+                 step_ms=[s.wall_ns / 1e6 for s in steps],
+                 busy_ms=[s.busy_ns / 1e6 for s in steps],
+                 host_ms=[(s.wall_ns - s.busy_ns) / 1e6 for s in steps])
 
 
-def _parity(spec, captured, first_loss: float) -> dict:
+def _parity(spec, captured, first_loss: float) -> Parity:
+    """The first step's captured gradient vs the exact sum/sum reference (computed last, so
+    its memory never pollutes the measured peaks)."""
     from arms.workload import (
+        data_digest,
         denominators,
         exact_loss_and_gradient,
-        fingerprint,
         global_norm,
         rel_l2,
     )
@@ -241,15 +261,12 @@ def _parity(spec, captured, first_loss: float) -> dict:
     batches = spec.micro_batches(0)
     reference = build_decoder(spec.model_config(), seed=spec.seed)
     exact_loss, exact = exact_loss_and_gradient(reference, batches, spec.loss_fn())
-    return {
-        "data_fingerprint": fingerprint(batches),
-        "denominators": denominators(batches),
-        "denominator": sum(denominators(batches)),
-        "loss": first_loss, "exact_loss": exact_loss,
-        "loss_rel_error": abs(first_loss - exact_loss) / abs(exact_loss) if exact_loss else None,
-        "grad_l2": global_norm(captured), "exact_grad_l2": global_norm(exact),
-        "rel_l2": rel_l2(captured, exact),
-    }
+    return Parity(
+        data_digest=data_digest(batches), denominators=denominators(batches),
+        denominator=sum(denominators(batches)), loss=first_loss, exact_loss=exact_loss,
+        loss_rel_error=abs(first_loss - exact_loss) / abs(exact_loss) if exact_loss else None,
+        grad_l2=global_norm(captured), exact_grad_l2=global_norm(exact),
+        rel_l2=rel_l2(captured, exact))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,20 +275,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="file the record JSON is written to")
     args = parser.parse_args(argv)
     run = CellRun(**json.loads(args.cell))
-    from harness.fingerprint import environment
+    from harness.environment import environment
 
     try:
         init_distributed(run)
-        measured = run_cell(run)
-        result = {"status": "ok", "error": None, **measured}
+        record = run_cell(run)
     except Exception as err:  # recorded, not raised: the grid goes on
-        result = {"status": "failed",
-                  "error": {"reason": "exception", "message": f"{type(err).__name__}: {err}",
-                            "traceback": traceback.format_exc()[-4000:]}}
-    result["fingerprint"] = environment()
+        record = Record(status="failed", error=Failure(
+            reason="exception", message=f"{type(err).__name__}: {err}",
+            traceback=traceback.format_exc()[-4000:]))
+    record.environment = section(Environment, environment())
     with open(args.out, "w") as out:
-        json.dump(result, out)
-    return 0 if result["status"] == "ok" else 1
+        json.dump(record.to_json(), out)
+    return 0 if record.ok else 1
 
 
 if __name__ == "__main__":

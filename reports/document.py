@@ -23,6 +23,8 @@ def _section(df: pd.DataFrame, out_dir: Path, prefix: str, baseline_arm: str) ->
         "the arm is faster. The bracket is a 95% bootstrap CI of the ratio of medians.",
         tables.timing(df, baseline_arm),
         "### Peak memory", tables.memory(df, baseline_arm),
+        "### Executables", "XLA's memory_analysis of each compiled executable (per device); "
+        "calls/step weights the per-step cost.", tables.executables(df),
         "### Gradient parity", "rel_l2 = ||g - g_exact|| / ||g_exact||, where g is the gradient "
         "the optimizer saw at step 1 and g_exact = sum_i grad(loss_sum_i) / sum_i den_i.",
         tables.parity(df),
@@ -49,7 +51,7 @@ def render(results: str | Path, output: str | Path, *, baseline_arm: str = "peft
     if baseline_arm not in set(df["arm"]):
         raise ValueError(f"baseline arm {baseline_arm!r} has no records here; arms present: "
                          f"{', '.join(dict.fromkeys(df['arm']))}")
-    groups = list(df.groupby("fingerprint", sort=False))
+    groups = list(df.groupby("environment", sort=False))
     parts = [f"# {title}"]
     if len(groups) > 1:
         parts.append(f"> These results come from {len(groups)} different environments; each "

@@ -1,6 +1,7 @@
-"""Reading results: JSONL records -> validated dicts -> one flat pandas DataFrame.
+"""Reading results: JSONL lines -> validated `Record`s -> one flat pandas DataFrame.
 
-This is the only place that parses the results format; the harness's reader is this one.
+This is the only place that reads the results format (the harness's reader is this one); the
+record's layout and validation live in `reports.record`.
 """
 
 from __future__ import annotations
@@ -10,16 +11,13 @@ from pathlib import Path
 
 import pandas as pd
 
-SCHEMA = 1
-COMPARABLE = ("backend", "device_kind", "device_count", "process_count", "xla_flags",
-              "versions")
+from reports.record import Environment, Record, RecordError
+
+ResultsError = RecordError
+"""A results file that cannot be read; the message names the file, line and field."""
 
 
-class ResultsError(ValueError):
-    """A results file that cannot be read; the message names the file and line."""
-
-
-def read(path: str | Path) -> list[dict]:
+def read(path: str | Path) -> list[Record]:
     """All records of one .jsonl file; a clear error names the file and line of bad input."""
     path = Path(path)
     records = []
@@ -28,19 +26,15 @@ def read(path: str | Path) -> list[dict]:
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                data = json.loads(line)
             except json.JSONDecodeError as err:
                 raise ResultsError(f"{path}:{number}: not valid JSON ({err.msg}); the file is "
                                    "corrupt or was cut off: delete that line or re-run") from err
-            schema = record.get("schema") if isinstance(record, dict) else None
-            if schema != SCHEMA:
-                raise ResultsError(f"{path}:{number}: not a parity record (schema {schema!r}, "
-                                   f"expected {SCHEMA})")
-            records.append(record)
+            records.append(Record.from_json(data, f"{path}:{number}"))
     return records
 
 
-def read_dir(directory: str | Path) -> list[dict]:
+def read_dir(directory: str | Path) -> list[Record]:
     """Every record under a results directory (all *.jsonl, by name) or of one file."""
     directory = Path(directory)
     if directory.is_file():
@@ -56,77 +50,68 @@ def read_dir(directory: str | Path) -> list[dict]:
     return records
 
 
-def fingerprint_key(fingerprint: dict | None) -> str:
+def environment_key(env: Environment | None) -> str:
     """What must match for two records to be compared, as one readable string."""
-    if not fingerprint:
+    if env is None:
         return "unknown environment"
-    versions = fingerprint.get("versions") or {}
-    pins = ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if v)
-    flags = fingerprint.get("xla_flags") or "none"
-    return (f"{fingerprint.get('backend')} x{fingerprint.get('device_count')} "
-            f"{fingerprint.get('device_kind')} / processes {fingerprint.get('process_count')}"
-            f" / XLA_FLAGS {flags} / {pins}")
+    pins = ", ".join(f"{k} {v}" for k, v in sorted(env.versions.items()) if v)
+    return (f"{env.backend} x{env.device_count} {env.device_kind} / processes "
+            f"{env.process_count} / XLA_FLAGS {env.xla_flags or 'none'} / {pins}")
 
 
-def _get(record: dict, *path, default=None):
-    value = record
-    for key in path:
-        if not isinstance(value, dict) or value.get(key) is None:
-            return default
-        value = value[key]
-    return value
-
-
-def to_frame(records: list[dict]) -> pd.DataFrame:
+def to_frame(records: list[Record]) -> pd.DataFrame:
     """One row per cell, the columns every report reads (raw samples kept as lists)."""
-    rows = []
-    for r in records:
-        spec, ok = r.get("spec") or {}, r.get("status") == "ok"
-        trace = r.get("trace") or {}
-        executions = trace.get("executions_per_step")
-        rows.append({
-            "run_id": r.get("run_id"), "suite": r.get("suite"), "arm": r.get("arm"),
-            "about": r.get("about"),
-            "preset": spec.get("preset"), "seq": spec.get("seq"), "batch": spec.get("batch"),
-            "ga": spec.get("ga"), "dtype": spec.get("dtype"), "mesh": spec.get("mesh") or "1",
-            "loss_kind": spec.get("loss"), "ragged": tuple(spec["ragged"])
-            if spec.get("ragged") else None, "config_hash": r.get("config_hash"),
-            "status": r.get("status"), "error_reason": _get(r, "error", "reason"),
-            "error_message": _get(r, "error", "message"),
-            "fingerprint": fingerprint_key(r.get("fingerprint")),
-            "git_sha": _get(r, "fingerprint", "git_sha"),
-            "git_dirty": _get(r, "fingerprint", "git_dirty"),
-            "steps": _get(r, "run", "steps"), "warmup": _get(r, "run", "warmup"),
-            "traced_window": bool(_get(r, "run", "trace")),
-            "step_ms": _get(r, "timing", "step_ms", default=[]) if ok else [],
-            "median_ms": _get(r, "timing", "summary", "median_ms"),
-            "mean_ms": _get(r, "timing", "summary", "mean_ms"),
-            "max_ms": _get(r, "timing", "summary", "max_ms"),
-            "p90_ms": _get(r, "timing", "summary", "p90_ms"),
-            "cv": _get(r, "timing", "summary", "cv"),
-            "tokens_per_s": _get(r, "timing", "tokens_per_s"),
-            "compile_s": _get(r, "timing", "compile_s"),
-            "recompiles": _get(r, "timing", "recompiles_after_warmup"),
-            "gc_count": _get(r, "timing", "gc", "count"),
-            "gc_ms": _get(r, "timing", "gc", "total_ms"),
-            "dispatch_ms": _median(_get(r, "timing", "dispatch_ms", default=[])),
-            "flops_per_step": _get(r, "flops", "per_step"),
-            "mfu": _get(r, "flops", "mfu_vs_bf16_peak"),
-            "peak_bytes": _get(r, "memory", "peak_bytes_in_use"),
-            "planned_bytes": _get(r, "memory", "planned_bytes"),
-            "rss_delta_bytes": _get(r, "memory", "rss_delta_bytes"),
-            "loss": _get(r, "parity", "loss"), "exact_loss": _get(r, "parity", "exact_loss"),
-            "rel_l2": _get(r, "parity", "rel_l2"), "grad_l2": _get(r, "parity", "grad_l2"),
-            "denominator": _get(r, "parity", "denominator"),
-            "denominators": tuple(_get(r, "parity", "denominators", default=()) or ()),
-            "data_fingerprint": _get(r, "parity", "data_fingerprint"),
-            "trace_executions": max(executions) if executions else None,
-            "trace_step_ms": _median(trace.get("step_ms") or []),
-            "trace_busy_ms": _median(trace.get("busy_ms") or []),
-            "trace_host_ms": _median(trace.get("host_ms") or []),
-            "xplane": trace.get("xplane"),
-        })
-    return pd.DataFrame(rows)
+    return pd.DataFrame([_row(r) for r in records])
+
+
+def _row(r: Record) -> dict:
+    spec, env, run = r.spec, r.environment, r.run
+    timing, cost, memory = r.timing, r.cost, r.memory
+    parity, trace = r.parity, r.trace
+    stats = timing.stats if timing else None
+    return {
+        "run_id": r.run_id, "suite": r.suite, "arm": r.arm, "about": r.about,
+        "preset": spec.preset, "seq": spec.seq, "batch": spec.batch, "ga": spec.ga,
+        "dtype": spec.dtype, "mesh": spec.mesh or "1", "loss_kind": spec.loss,
+        "ragged": tuple(spec.ragged) if spec.ragged else None, "config_hash": r.config_hash,
+        "status": r.status, "error_reason": r.error.reason if r.error else None,
+        "error_message": r.error.message if r.error else None,
+        "environment": environment_key(env),
+        "git_sha": env.git_sha if env else None, "git_dirty": env.git_dirty if env else None,
+        "steps": run.steps, "warmup": run.warmup, "traced_window": run.trace,
+        "step_ms": timing.step_ms if timing and r.ok else [],
+        "median_ms": stats and stats.median_ms, "mean_ms": stats and stats.mean_ms,
+        "max_ms": stats and stats.max_ms, "p90_ms": stats and stats.p90_ms,
+        "cv": stats and stats.cv, "tokens_per_s": timing and timing.tokens_per_s,
+        "compile_s": timing and timing.compile_s,
+        "recompiles": timing and timing.recompiles_after_warmup,
+        "gc_count": timing and timing.gc.count, "gc_ms": timing and timing.gc.total_ms,
+        "dispatch_ms": _median(timing.dispatch_ms) if timing else None,
+        "flops_per_step": cost and cost.flops_per_step, "mfu": cost and cost.mfu_vs_bf16_peak,
+        "bytes_accessed_per_step": cost and cost.bytes_accessed_per_step,
+        "peak_bytes": memory and memory.peak_bytes_in_use,
+        "planned_bytes": memory and memory.planned_bytes,
+        "rss_delta_bytes": memory and memory.rss_delta_bytes,
+        "executables": memory.executables if memory else {},
+        "calls_per_step": cost.calls_per_step if cost else {},
+        **_parity_columns(parity), **_trace_columns(trace),
+    }
+
+
+def _parity_columns(p) -> dict:
+    return {"loss": p and p.loss, "exact_loss": p and p.exact_loss, "rel_l2": p and p.rel_l2,
+            "grad_l2": p and p.grad_l2, "denominator": p and p.denominator,
+            "denominators": tuple(p.denominators) if p else (),
+            "data_digest": p and p.data_digest}
+
+
+def _trace_columns(t) -> dict:
+    return {"trace_executions": max(t.executions_per_step) if t and t.executions_per_step
+            else None,
+            "trace_step_ms": _median(t.step_ms) if t else None,
+            "trace_busy_ms": _median(t.busy_ms) if t else None,
+            "trace_host_ms": _median(t.host_ms) if t else None,
+            "xplane": t and t.xplane}
 
 
 def _median(values: list[float]) -> float | None:

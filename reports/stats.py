@@ -1,5 +1,4 @@
-"""Paired statistics on per-step samples: bootstrap CI of a ratio of medians, Mann-Whitney U,
-and the minimum detectable effect at a given noise."""
+"""Statistics on per-step samples: the bootstrap CI of a ratio of medians."""
 
 from __future__ import annotations
 
@@ -7,7 +6,6 @@ import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import stats
 
 BOOTSTRAP = 2000
 SEED = 0
@@ -44,17 +42,3 @@ def ratio_of_medians(a: Sequence[float], b: Sequence[float], *, confidence: floa
     tail = (1.0 - confidence) / 2 * 100
     return RatioCI(float(np.median(b64) / np.median(a64)), float(np.percentile(ratios, tail)),
                    float(np.percentile(ratios, 100 - tail)), confidence)
-
-
-def mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float:
-    """Two-sided Mann-Whitney U p-value (no normality assumed)."""
-    return float(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
-
-
-def minimum_detectable_effect(a: Sequence[float], b: Sequence[float], *,
-                              confidence: float = 0.95, resamples: int = BOOTSTRAP,
-                              seed: int = SEED) -> float:
-    """Half-width of the ratio CI, as a fraction: smaller relative differences than this
-    cannot be told apart from noise with these samples."""
-    ci = ratio_of_medians(a, b, confidence=confidence, resamples=resamples, seed=seed)
-    return (ci.high - ci.low) / 2 / ci.ratio

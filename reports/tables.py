@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import pandas as pd
 
 from reports import stats
+from reports.record import ExecutableMemory
 
 SHAPE = ["preset", "seq", "batch", "ga", "mesh", "dtype"]
 NATIVE = "native"
@@ -48,7 +50,7 @@ def setup(df: pd.DataFrame) -> str:
     shas = sorted({f"{s[:10]}{' (dirty)' if d else ''}" for s, d in
                    zip(df["git_sha"].fillna("?"), df["git_dirty"], strict=True)})
     rows = [
-        ("environment", df["fingerprint"].iloc[0]),
+        ("environment", df["environment"].iloc[0]),
         ("git", ", ".join(shas)),
         ("runs", ", ".join(sorted(df["run_id"].dropna().unique()))),
         ("arms", ", ".join(_arm_label(arm, about) for arm, about in dict.fromkeys(
@@ -113,13 +115,26 @@ def memory(df: pd.DataFrame, baseline_arm: str) -> str:
                      f"planned vs {baseline_arm}", "RSS high-water delta"], rows)
 
 
+def executables(df: pd.DataFrame) -> str:
+    """Every executable of every cell: calls per step and each field XLA's memory_analysis
+    gives (a field added to `ExecutableMemory` appears here with no other change)."""
+    fields = [f.name for f in dataclasses.fields(ExecutableMemory)]
+    rows = []
+    for _, r in ok(df).iterrows():
+        for name, planned in r["executables"].items():
+            values = [_bytes(getattr(planned, f)) if planned else "-" for f in fields]
+            rows.append((shape_label(r), r["arm"], name,
+                         _f(r["calls_per_step"].get(name), "d"), *values))
+    return markdown(["shape", "arm", "executable", "calls/step", *fields], rows)
+
+
 def parity(df: pd.DataFrame) -> str:
     rows = []
     for _, r in ok(df).iterrows():
         dens = "/".join(f"{d:g}" for d in r["denominators"]) if r["denominators"] else "-"
         rows.append((shape_label(r), r["arm"], dens, _f(r["denominator"], "g"),
                      _f(r["loss"], ".6f"), _f(r["exact_loss"], ".6f"), _f(r["grad_l2"], ".5f"),
-                     _f(r["rel_l2"], ".2e"), (r["data_fingerprint"] or "-")[:12]))
+                     _f(r["rel_l2"], ".2e"), (r["data_digest"] or "-")[:12]))
     return markdown(["shape", "arm", "micro-batch denominators", "sum", "loss (trainer)",
                      "exact loss", "gradient L2", "rel_l2 vs exact", "data"], rows)
 

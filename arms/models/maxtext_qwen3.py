@@ -125,7 +125,17 @@ def maxtext_config(config: DecoderConfig, *, mesh_shape: dict[str, int] | None =
         enable_goodput_recording=False, monitor_goodput=False,
     )
     settings.update(overrides)
-    return pyconfig.initialize(["parity", base_yml], **settings)
+    # MaxText's config validation sets XLA_FLAGS to its HLO-dump flags (--xla_dump_to=...)
+    # whenever XLA_FLAGS is empty, even with dump_hlo off: it would change the environment
+    # every later record and subprocess sees (and dump HLO where a backend starts after it).
+    flags = os.environ.get("XLA_FLAGS")
+    try:
+        return pyconfig.initialize(["parity", base_yml], **settings)
+    finally:
+        if flags is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = flags
 
 
 def maxtext_mesh(mesh: Mesh, mx_config) -> Mesh:

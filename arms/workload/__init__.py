@@ -3,8 +3,8 @@
 from arms.workload.batches import (
     MicroBatch,
     concatenate,
+    data_digest,
     denominators,
-    fingerprint,
     make_micro_batches,
 )
 from arms.workload.losses import (
@@ -26,6 +26,6 @@ from arms.workload.reference import (
 
 __all__ = [
     "LOSSES", "ClippedPolicyGradient", "LossFn", "LossOutput", "MicroBatch", "TokenCrossEntropy",
-    "concatenate", "denominators", "exact_gradient", "exact_loss_and_gradient", "fingerprint",
+    "concatenate", "data_digest", "denominators", "exact_gradient", "exact_loss_and_gradient",
     "forward", "get_loss", "global_norm", "make_micro_batches", "max_rel_error", "rel_l2",
 ]

@@ -1,4 +1,4 @@
-"""Deterministic micro-batches (packed, optionally ragged) and their fingerprints."""
+"""Deterministic micro-batches (packed, optionally ragged) and their sha256 digests."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def make_micro_batches(*, seed: int, batch_size: int, seq_len: int, vocab_size: 
     return batches
 
 
-def fingerprint(batches: MicroBatch | Sequence[MicroBatch]) -> str:
+def data_digest(batches: MicroBatch | Sequence[MicroBatch]) -> str:
     """sha256 over every array's name, dtype, shape and bytes: equal iff the data are equal."""
     if isinstance(batches, MicroBatch):
         batches = [batches]

@@ -8,6 +8,8 @@ from typing import Literal
 import jax.numpy as jnp
 
 RematPolicy = Literal["none", "minimal", "full"]
+REMAT_POLICIES: tuple[str, ...] = ("none", "minimal", "full")
+"""Rematerialization per block: nothing, save matmul outputs, or recompute everything."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -57,8 +59,9 @@ class DecoderConfig:
                 f"from the divisors of {self.num_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotate-half RoPE")
-        if self.remat not in ("none", "minimal", "full"):
-            raise ValueError(f"remat={self.remat!r}; valid: 'none', 'minimal', 'full'")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"remat={self.remat!r}; valid: "
+                             f"{', '.join(repr(p) for p in REMAT_POLICIES)}")
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in ("float32", "bfloat16"):
                 raise ValueError(f"{name}={getattr(self, name)!r}; valid: 'float32', 'bfloat16'")

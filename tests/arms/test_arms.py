@@ -3,9 +3,9 @@
 import jax
 import pytest
 
-from arms.base import NAMED_ARMS, make_arm, resolve
+from arms.registry import NAMED_ARMS, make_arm, resolve
 from arms.spec import CellSpec
-from arms.workload import exact_loss_and_gradient, fingerprint, rel_l2
+from arms.workload import data_digest, exact_loss_and_gradient, rel_l2
 from engine.model import build_decoder
 
 ARMS = ["engine", "engine-fused", "native", "peft-decoder", "peft-tunix"]
@@ -25,7 +25,7 @@ def _run(name, spec):
     arm.step(arm.place(batches))
     result = arm.last_loss(), arm.captured_gradient(), arm.executions_per_step()
     arm.close()
-    return result, fingerprint(batches)
+    return result, data_digest(batches)
 
 
 @pytest.mark.parametrize("mesh", ["", "fsdp=8"])

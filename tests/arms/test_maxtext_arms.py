@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from arms.base import make_arm
 from arms.models.maxtext_qwen3 import bf16_head_decoder
+from arms.registry import make_arm
 from arms.spec import CellSpec
 from arms.workload import exact_loss_and_gradient, rel_l2
 from engine.model import build_decoder

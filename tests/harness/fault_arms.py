@@ -6,8 +6,8 @@ Loaded into `parity run` with `--plugin tests.harness.fault_arms`; never part of
 import os
 import time
 
-from arms.base import register
 from arms.native import NativeArm
+from arms.registry import register
 
 
 class _Faulty(NativeArm):

@@ -34,18 +34,18 @@ def test_two_processes_equal_one_process_with_eight_devices(tmp_path):
     files = list((tmp_path / "two").glob("*.jsonl"))
     assert len(files) == 1
     (two,) = results.read(files[0])  # one record, written by process 0 only
-    assert two["status"] == "ok", two.get("error")
-    assert two["fingerprint"]["process_count"] == 2 and two["fingerprint"]["device_count"] == 8
-    assert one["fingerprint"]["process_count"] == 1 and one["fingerprint"]["device_count"] == 8
-    assert [h["process"] for h in two["memory"]["hosts"]] == [0, 1]
-    assert all(h["rss_delta_bytes"] is not None for h in two["memory"]["hosts"])
-    p1, p2 = one["parity"], two["parity"]
-    assert p1["data_fingerprint"] == p2["data_fingerprint"]
-    assert abs(p2["loss"] - p1["loss"]) <= 1e-5 * abs(p1["loss"])
+    assert two.ok, two.error
+    assert two.environment.process_count == 2 and two.environment.device_count == 8
+    assert one.environment.process_count == 1 and one.environment.device_count == 8
+    assert [h.process for h in two.memory.hosts] == [0, 1]
+    assert all(h.rss_delta_bytes is not None for h in two.memory.hosts)
+    p1, p2 = one.parity, two.parity
+    assert p1.data_digest == p2.data_digest
+    assert abs(p2.loss - p1.loss) <= 1e-5 * abs(p1.loss)
     # Both captured gradients are within 5e-6 of the same exact gradient, so (triangle
     # inequality) they are within 1e-5 of each other relative to its norm.
-    assert p1["rel_l2"] <= 5e-6 and p2["rel_l2"] <= 5e-6
-    assert abs(p2["grad_l2"] - p1["grad_l2"]) <= 1e-5 * p1["grad_l2"]
+    assert p1.rel_l2 <= 5e-6 and p2.rel_l2 <= 5e-6
+    assert abs(p2.grad_l2 - p1.grad_l2) <= 1e-5 * p1.grad_l2
 
 
 def test_a_dead_process_fails_the_cell_instead_of_hanging(tmp_path):
@@ -54,5 +54,5 @@ def test_a_dead_process_fails_the_cell_instead_of_hanging(tmp_path):
                  "--cpu-devices", "4", "--no-parity"], tmp_path, timeout=300)
     assert proc.returncode != 0
     (record,) = results.read_dir(tmp_path)
-    assert record["status"] == "failed"
-    assert record["error"]["reason"] == "peer-died", record["error"]
+    assert record.status == "failed"
+    assert record.error.reason == "peer-died", record.error

@@ -1,5 +1,6 @@
 """Nightly regression detection and A/B of git refs, end to end on real runs."""
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from harness.regression import against_history, compare, is_regression, verdict
+from reports.record import Environment, GCPauses, Record, RunOptions, StepStats, Timing
 
 REPO = Path(__file__).resolve().parents[2]
 CELL = ["--arms", "native", "--preset", "tiny", "--seq", "128", "--batch", "8", "--ga", "1",
@@ -34,10 +36,20 @@ def test_compare_separates_a_20_percent_shift_from_noise():
 
 
 def _record(run_id, samples, backend="cpu"):
-    return {"arm": "native", "config_hash": "h", "status": "ok", "run_id": run_id,
-            "run": {"steps": len(samples), "warmup": 1}, "timestamp": run_id,
-            "fingerprint": {"backend": backend, "versions": {"jax": "0.10.2"}},
-            "timing": {"step_ms": list(samples)}}
+    return Record(
+        arm="native", config_hash="h", run_id=run_id, timestamp=run_id,
+        run=RunOptions(steps=len(samples), warmup=1, trace=False, trace_steps=0, parity=False),
+        environment=Environment(git_sha=None, git_dirty=None, versions={"jax": "0.11.2"},
+                                python="3.12.1", backend=backend, device_kind=backend,
+                                device_count=1, local_device_count=1, process_count=1,
+                                xla_flags="", host="h"),
+        timing=dataclasses.replace(_TIMING, step_ms=list(samples)))
+
+
+_TIMING = Timing(steps=0, warmup=1, step_ms=[], dispatch_ms=[], wait_ms=[],
+                 stats=StepStats(median_ms=0, mean_ms=0, max_ms=0, min_ms=0, p90_ms=0, cv=0),
+                 gc=GCPauses(count=0, total_ms=0), tokens_per_step=0, tokens_per_s=0,
+                 build_s=0, compile_s=0, recompiles_after_warmup=0, executions_per_step=1)
 
 
 def test_history_of_another_environment_is_never_compared():

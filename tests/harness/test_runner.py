@@ -14,6 +14,7 @@ import pytest
 from harness import results
 from harness.grid import expand
 from harness.runner import cpu_env, run_grid
+from reports.record import Failure, Record
 
 PLUGIN = "tests.harness.fault_arms"
 TINY = {"preset": "tiny", "seq": 16, "batch": 4, "steps": 2, "warmup": 1}
@@ -37,35 +38,35 @@ def test_failing_cells_are_recorded_and_the_grid_completes(tmp_path):
     (hang,) = expand({**TINY, "arms": ["test-hang"]})
     _, hung = run_grid([dataclasses.replace(hang, plugins=(PLUGIN,))], tmp_path, env=_env(),
                        timeout_s=10, run_id="hang")
-    by_arm = {r["arm"]: r for r in records + hung}
-    assert by_arm["native"]["status"] == "ok" and by_arm["engine"]["status"] == "ok"
-    assert by_arm["test-raise"]["error"]["reason"] == "exception"
-    assert "injected failure in step" in by_arm["test-raise"]["error"]["message"]
-    assert by_arm["test-exit"]["error"]["reason"] == "crash"
-    assert "exited with code 1" in by_arm["test-exit"]["error"]["message"]
-    assert by_arm["test-hang"]["error"]["reason"] == "timeout"
+    by_arm = {r.arm: r for r in records + hung}
+    assert by_arm["native"].ok and by_arm["engine"].ok
+    assert by_arm["test-raise"].error.reason == "exception"
+    assert "injected failure in step" in by_arm["test-raise"].error.message
+    assert by_arm["test-exit"].error.reason == "crash"
+    assert "exited with code 1" in by_arm["test-exit"].error.message
+    assert by_arm["test-hang"].error.reason == "timeout"
     # The trace parse on CPU: native is one execution per step, split engine GA=1 two.
-    assert by_arm["native"]["trace"]["executions_per_step"] == [1, 1]
-    assert by_arm["engine"]["trace"]["executions_per_step"] == [2, 2]
-    assert Path(by_arm["engine"]["trace"]["xplane"]).exists()
-    # Every record is on disk, in order, as valid JSONL.
-    assert [r["arm"] for r in results.read(path)] == [c.arm for c in cells]
+    assert by_arm["native"].trace.executions_per_step == [1, 1]
+    assert by_arm["engine"].trace.executions_per_step == [2, 2]
+    assert Path(by_arm["engine"].trace.xplane).exists()
+    # Every record is on disk, in order, as valid JSONL, and reads back as it was written.
+    assert results.read(path) == records
     ok = by_arm["native"]
-    assert len(ok["timing"]["step_ms"]) == 2
-    assert ok["parity"]["rel_l2"] <= 1e-5
-    assert ok["fingerprint"]["backend"] == "cpu"
-    assert ok["memory"]["executables"]["step"]["total"] > 0
+    assert len(ok.timing.step_ms) == 2
+    assert ok.parity.rel_l2 <= 1e-5
+    assert ok.environment.backend == "cpu"
+    assert ok.memory.executables["step"].total > 0
 
 
 def test_without_maxtext_only_the_maxtext_arms_fail_and_say_why(tmp_path):
     cells = expand({**TINY, "arms": ["native", "peft-maxtext", "maxtext-engine"]})
     cells = [dataclasses.replace(c, plugins=("tests.harness.no_maxtext",)) for c in cells]
     _, records = run_grid(cells, tmp_path, env=_env(), timeout_s=300)
-    by_arm = {r["arm"]: r for r in records}
-    assert by_arm["native"]["status"] == "ok"
+    by_arm = {r.arm: r for r in records}
+    assert by_arm["native"].ok
     for arm in ("peft-maxtext", "maxtext-engine"):
-        assert by_arm[arm]["status"] == "failed"
-        assert "the maxtext arms need the `maxtext` package" in by_arm[arm]["error"]["message"]
+        assert by_arm[arm].status == "failed"
+        assert "the maxtext arms need the `maxtext` package" in by_arm[arm].error.message
 
 
 def test_sigint_keeps_finished_cells_and_valid_jsonl(tmp_path):
@@ -85,7 +86,7 @@ def test_sigint_keeps_finished_cells_and_valid_jsonl(tmp_path):
     assert proc.returncode == 130, stderr
     records = results.read(files[0])  # raises on any torn line
     assert 1 <= len(records) < 9
-    assert all(r["status"] == "ok" for r in records)
+    assert all(r.ok for r in records)
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -110,19 +111,27 @@ def test_bad_input_is_one_clear_error_before_any_cell(tmp_path, args, message):
     assert list(tmp_path.iterdir()) == []  # nothing half-written
 
 
-def test_results_reader_names_file_and_line(tmp_path):
+def test_results_reader_names_file_line_and_field(tmp_path):
     path = tmp_path / "r.jsonl"
-    results.append(path, {"schema": 1, "x": float("nan")})
-    assert results.read(path) == [{"schema": 1, "x": None}]
+    results.append(path, Record(status="failed", wall_s=float("nan"),
+                                error=Failure(reason="crash", message="boom")))
+    (back,) = results.read(path)
+    assert back.wall_s is None and back.error == Failure(reason="crash", message="boom")
     with path.open("a") as f:
-        f.write('{"schema": 1, "cut')
-    with pytest.raises(results.ResultsError, match=r"r.jsonl:2: not valid JSON"):
+        f.write('{"schema": 2, "status": "ok", "wall_s": "slow"}\n')
+    with pytest.raises(results.ResultsError, match=r"r.jsonl:2: field 'wall_s': expected float"):
+        results.read(path)
+    path.write_text('{"schema": 2, "timing": {"steps": 3}}\n')
+    with pytest.raises(results.ResultsError, match=r"r.jsonl:1: missing field 'timing.warmup'"):
+        results.read(path)
+    path.write_text('{"schema": 1, "cut')
+    with pytest.raises(results.ResultsError, match=r"r.jsonl:1: not valid JSON"):
         results.read(path)
     with pytest.raises(results.ResultsError, match="no such results directory"):
         results.read_dir(tmp_path / "missing")
 
 
-def test_env_prints_the_fingerprint():
+def test_env_prints_the_environment():
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "env"], env=_env(),
                           capture_output=True, text=True, timeout=120)
     env = json.loads(proc.stdout)

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from arms.workload import denominators, fingerprint, make_micro_batches
+from arms.workload import data_digest, denominators, make_micro_batches
 
 RAGGED = [64, 16, 40, 8]
 
@@ -14,13 +14,13 @@ def test_ragged_denominators_are_exactly_the_counts_and_pairwise_distinct():
     assert len(set(dens)) == len(dens)
 
 
-def test_same_seed_same_fingerprint_other_seed_other_fingerprint():
+def test_same_seed_same_digest_other_seed_other_digest():
     kw = dict(batch_size=2, seq_len=32, vocab_size=256, loss_tokens=RAGGED)
     a, b = make_micro_batches(seed=3, **kw), make_micro_batches(seed=3, **kw)
-    assert fingerprint(a) == fingerprint(b)
-    assert fingerprint(a) != fingerprint(make_micro_batches(seed=4, **kw))
+    assert data_digest(a) == data_digest(b)
+    assert data_digest(a) != data_digest(make_micro_batches(seed=4, **kw))
     tweaked = [a[0]._replace(loss_mask=a[0].loss_mask * 2), *a[1:]]
-    assert fingerprint(tweaked) != fingerprint(a)
+    assert data_digest(tweaked) != data_digest(a)
 
 
 def test_rows_pack_documents_with_positions_restarting_per_segment():

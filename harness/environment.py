@@ -59,11 +59,6 @@ def environment() -> dict:
     }
 
 
-def comparable(a: dict, b: dict) -> list[str]:
-    """Keys on which two fingerprints differ (empty: comparable)."""
-    return [k for k in COMPARABLE_KEYS if a.get(k) != b.get(k)]
-
-
 if __name__ == "__main__":
     import json
 

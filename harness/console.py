@@ -1,0 +1,59 @@
+"""What a person watching a run sees: one line per finished cell and the end-of-run table."""
+
+from __future__ import annotations
+
+from reports.record import Record
+
+
+def _fmt(value, spec: str = ".1f", missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def cell_name(arm: str, spec) -> str:
+    """'engine tiny seq=32 batch=8 ga=4 [mesh=fsdp=8]' for an arm and a record's Spec."""
+    return (f"{arm} {spec.preset} seq={spec.seq} batch={spec.batch} ga={spec.ga}"
+            f"{' mesh=' + spec.mesh if spec.mesh else ''}")
+
+
+def _status(record: Record) -> str:
+    recompiles = record.timing.recompiles_after_warmup
+    return f"ok, RECOMPILED x{recompiles} after warmup" if recompiles else "ok"
+
+
+def _executions(record: Record) -> int:
+    trace = record.trace
+    return (max(trace.executions_per_step) if trace and trace.executions_per_step
+            else record.timing.executions_per_step)
+
+
+def cell_line(record: Record) -> str:
+    name = cell_name(record.arm, record.spec)
+    if not record.ok:
+        return f"FAILED {name}: {record.error.reason}: {record.error.message}"
+    t, p = record.timing, record.parity
+    flag = "" if _status(record) == "ok" else f" [{_status(record)}: timing includes compilation]"
+    return (f"ok     {name}{flag}: median {t.stats.median_ms:.1f} ms "
+            f"(cv {t.stats.cv:.3f}), {t.tokens_per_s:.0f} tok/s, "
+            f"rel_l2 {_fmt(p and p.rel_l2, '.2e')}, exec/step {_executions(record)}")
+
+
+HEADER = ("| arm | preset | seq | batch | ga | median ms | p90 ms | max ms | cv | tok/s "
+          "| loss | rel_l2 vs exact | exec/step | data | status |")
+
+
+def table(records: list[Record]) -> str:
+    rows = [HEADER, "|" + "|".join(["---"] * (HEADER.count("|") - 1)) + "|"]
+    for r in records:
+        s = r.spec
+        cell = f"| {r.arm} | {s.preset} | {s.seq} | {s.batch} | {s.ga} "
+        if not r.ok:
+            rows.append(f"{cell}| - | - | - | - | - | - | - | - | - | failed: {r.error.reason} |")
+            continue
+        t, p = r.timing, r.parity
+        how = "(trace)" if r.trace and r.trace.executions_per_step else "(calls)"
+        rows.append(
+            f"{cell}| {t.stats.median_ms:.1f} | {t.stats.p90_ms:.1f} | {t.stats.max_ms:.1f} "
+            f"| {t.stats.cv:.3f} | {t.tokens_per_s:.0f} | {_fmt(p and p.loss, '.5f')} "
+            f"| {_fmt(p and p.rel_l2, '.2e')} | {_executions(r)} {how} "
+            f"| {((p and p.data_digest) or '-')[:10]} | {_status(r)} |")
+    return "\n".join(rows)

@@ -1,0 +1,356 @@
+"""The results record: the one owner of what a cell's JSON line holds.
+
+A record is one cell (arm x spec) measured in one process: how it ran, its timing samples and
+their statistics, memory, compiled cost, gradient parity, the traced window, the environment,
+and why it failed if it did. Writers (the harness's worker and runner) build a `Record` and
+call `to_json`; readers (regression, nightly, A/B, reports) get one from `Record.from_json`
+and use attributes. `SCHEMA` is the version written; `upgrade` brings every earlier version
+up to it, so any record this project ever wrote still reads. A record that does not validate
+raises `RecordError` naming the file, line and field.
+
+This module sits at the lowest layer both sides may import (the harness imports reports, the
+reports never import the harness), and it imports nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any
+
+SCHEMA = 2
+"""Version of the layout `to_json` writes. 1: the environment was `fingerprint`, the
+compiled cost `flops`, the step statistics `timing.summary`, the data digest
+`parity.data_fingerprint`, the executions `timing.executions_per_step_dispatched`."""
+
+
+class RecordError(ValueError):
+    """A record that cannot be read; the message names where (file:line) and the field."""
+
+
+def _section(cls):
+    return dataclasses.dataclass(kw_only=True)(cls)
+
+
+@_section
+class Spec:
+    """The cell's work (arms.spec.CellSpec as data): every arm given it does the same."""
+
+    preset: str
+    seq: int
+    batch: int
+    ga: int
+    dtype: str
+    mesh: str
+    loss: str
+    z_loss: float
+    optimizer: str
+    learning_rate: float
+    clip: float | None
+    ragged: list[int] | None
+    mask_fraction: float
+    seed: int
+    scan_layers: bool
+    remat: str
+
+
+@_section
+class RunOptions:
+    """How the cell was run."""
+
+    steps: int
+    warmup: int
+    trace: bool
+    trace_steps: int
+    parity: bool
+
+
+@_section
+class StepStats:
+    """Statistics of the timed window's per-step wall times (ms)."""
+
+    median_ms: float
+    mean_ms: float
+    max_ms: float
+    min_ms: float
+    p90_ms: float
+    cv: float
+    """Coefficient of variation: stdev / mean."""
+
+
+@_section
+class GCPauses:
+    count: int
+    total_ms: float
+
+
+@_section
+class Timing:
+    """The untraced timed window, and the build before it."""
+
+    steps: int
+    warmup: int
+    step_ms: list[float]
+    """Wall time of every timed step, blocked on its outputs."""
+    dispatch_ms: list[float]
+    """Of each step: time until the step call returned (host dispatch)."""
+    wait_ms: list[float]
+    """Of each step: time then blocked until its outputs were ready."""
+    stats: StepStats
+    gc: GCPauses
+    tokens_per_step: int
+    tokens_per_s: float
+    build_s: float
+    compile_s: float
+    recompiles_after_warmup: int
+    executions_per_step: int
+    """Executable calls one optimizer step dispatched (as counted by the arm)."""
+
+
+@_section
+class ExecutableMemory:
+    """XLA's memory_analysis of one executable (bytes, per device)."""
+
+    argument: int
+    output: int
+    alias: int
+    temp: int
+    total: int
+    """argument + output - alias + temp."""
+
+
+@_section
+class HostMemory:
+    process: int
+    rss_delta_bytes: int | None
+    peak_bytes_in_use: int | None
+
+
+@_section
+class Memory:
+    peak_bytes_in_use: int | None
+    """memory_stats()['peak_bytes_in_use'], max over local devices; None where missing."""
+    executables: dict[str, ExecutableMemory | None]
+    planned_bytes: int | None
+    """The largest executable's total."""
+    rss_delta_bytes: int | None
+    """Process RSS high-water growth over the timed window."""
+    hosts: list[HostMemory] | None = None
+
+
+@_section
+class Cost:
+    """Compiled cost from XLA's cost_analysis, per executable and per optimizer step."""
+
+    flops_per_step: float | None
+    flops_per_s: float | None
+    mfu_vs_bf16_peak: float | None
+    flops_per_executable: dict[str, float | None]
+    calls_per_step: dict[str, int]
+    """Calls of each executable per optimizer step (the weights of the per-step sums)."""
+    bytes_accessed_per_step: float | None = None
+    bytes_accessed_per_executable: dict[str, float | None] | None = None
+
+
+@_section
+class Parity:
+    """The first warmup step's gradient vs the exact sum/sum reference."""
+
+    data_digest: str
+    """sha256 of the step's micro-batches: equal digests, equal data."""
+    denominators: list[float]
+    denominator: float
+    loss: float | None
+    """The loss the trainer reported for that step."""
+    exact_loss: float
+    loss_rel_error: float | None
+    grad_l2: float
+    exact_grad_l2: float
+    rel_l2: float
+    """||g - g_exact|| / ||g_exact||."""
+
+
+@_section
+class Trace:
+    """The separate traced window, parsed from its xplane."""
+
+    xplane: str
+    logdir: str
+    executions_per_step: list[int]
+    modules_per_step: list[list[str]]
+    step_ms: list[float]
+    busy_ms: list[float]
+    host_ms: list[float]
+
+
+@_section
+class Environment:
+    """What must match for two records to be compared (and where they ran)."""
+
+    git_sha: str | None
+    git_dirty: bool | None
+    versions: dict[str, str | None]
+    python: str
+    backend: str
+    device_kind: str
+    device_count: int
+    local_device_count: int
+    process_count: int
+    xla_flags: str
+    host: str
+
+
+@_section
+class Failure:
+    reason: str
+    """exception, crash, timeout, killed, oom, peer-died."""
+    message: str
+    traceback: str | None = None
+    stderr_tail: str | None = None
+
+
+@_section
+class ABTag:
+    """Which side and round of an A/B run a record belongs to."""
+
+    side: str
+    sha: str
+    round: int
+
+
+@_section
+class Record:
+    """One cell's result: one JSON line in a results file."""
+
+    schema: int = SCHEMA
+    status: str = "ok"
+    """"ok" or "failed" (then `error` says why and the measured sections are None)."""
+    error: Failure | None = None
+    run_id: str | None = None
+    suite: str | None = None
+    arm: str | None = None
+    about: str | None = None
+    """The arm in words: '<trainer> on <model>'."""
+    spec: Spec | None = None
+    config_hash: str | None = None
+    run: RunOptions | None = None
+    timestamp: str | None = None
+    wall_s: float | None = None
+    """The cell process's wall time, start to exit."""
+    environment: Environment | None = None
+    timing: Timing | None = None
+    cost: Cost | None = None
+    memory: Memory | None = None
+    parity: Parity | None = None
+    trace: Trace | None = None
+    ab: ABTag | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as plain JSON data (the layout of schema `SCHEMA`)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "record") -> Record:
+        """A validated record from JSON data of any schema version; `where` (e.g.
+        'results.jsonl:3') prefixes every error."""
+        if not isinstance(data, dict):
+            raise RecordError(f"{where}: not a parity record (a JSON object is expected)")
+        return _build(cls, upgrade(data, where), where, "")
+
+
+def upgrade(data: dict, where: str = "record") -> dict:
+    """`data` in the current schema's layout (a copy); raises RecordError for an unknown one."""
+    schema = data.get("schema")
+    if schema == SCHEMA:
+        return data
+    if schema != 1:
+        raise RecordError(f"{where}: not a parity record (schema {schema!r}, this version "
+                          f"reads 1-{SCHEMA})")
+    data = dict(data, schema=SCHEMA)
+    data["environment"] = data.pop("fingerprint", None)
+    if data.get("timing"):
+        timing = data["timing"] = dict(data["timing"])
+        timing["stats"] = timing.pop("summary")
+        timing["executions_per_step"] = timing.pop("executions_per_step_dispatched")
+    flops = data.pop("flops", None)
+    if flops:
+        data["cost"] = {"flops_per_step": flops["per_step"], "flops_per_s": flops["flops_per_s"],
+                        "mfu_vs_bf16_peak": flops["mfu_vs_bf16_peak"],
+                        "flops_per_executable": flops["per_executable"],
+                        "calls_per_step": flops["calls_per_step"],
+                        "bytes_accessed_per_step": flops.get("bytes_accessed_per_step"),
+                        "bytes_accessed_per_executable":
+                            flops.get("bytes_accessed_per_executable")}
+    if data.get("parity"):
+        parity = data["parity"] = dict(data["parity"])
+        parity["data_digest"] = parity.pop("data_fingerprint")
+    return data
+
+
+def section(cls, data: Any, where: str = "record"):
+    """One validated section (e.g. `Environment`) from JSON data of the current schema."""
+    return _build(cls, data, where, "")
+
+
+# ------------------------------------------------------------------------------ validation
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _build(cls, data: Any, where: str, path: str):
+    if not isinstance(data, dict):
+        raise RecordError(f"{where}: field {path or cls.__name__!r}: expected an object, got "
+                          f"{type(data).__name__}")
+    hints, fields = _hints(cls), {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise RecordError(f"{where}: unknown field {_join(path, unknown[0])!r} (schema {SCHEMA})")
+    values = {}
+    for name, field in fields.items():
+        if name not in data:
+            if field.default is dataclasses.MISSING:
+                raise RecordError(f"{where}: missing field {_join(path, name)!r}")
+            continue
+        values[name] = _value(hints[name], data[name], where, _join(path, name))
+    return cls(**values)
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+_NUMBERS = {int: (int,), float: (int, float)}
+
+
+def _value(hint, value, where: str, path: str):
+    """`value` checked against the type `hint` (nested sections built), or RecordError."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _value(inner, value, where, path)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, where, path)
+    if origin is list and isinstance(value, list):
+        return [_value(args[0], v, where, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict and isinstance(value, dict):
+        return {k: _value(args[1], v, where, f"{path}.{k}") for k, v in value.items()}
+    if hint is Any:
+        return value
+    expected = _NUMBERS.get(hint, (hint,)) if isinstance(hint, type) else ()
+    if expected and isinstance(value, expected) and not (
+            isinstance(value, bool) and hint is not bool):
+        return float(value) if hint is float else value
+    raise RecordError(f"{where}: field {path!r}: expected {getattr(hint, '__name__', hint)}, "
+                      f"got {type(value).__name__} {value!r:.40}")
