@@ -118,7 +118,8 @@ def executable_memory(compiled) -> ExecutableMemory | None:
     argument, output = analysis.argument_size_in_bytes, analysis.output_size_in_bytes
     alias, temp = analysis.alias_size_in_bytes, analysis.temp_size_in_bytes
     return ExecutableMemory(argument=argument, output=output, alias=alias, temp=temp,
-                            total=argument + output - alias + temp)
+                            total=argument + output - alias + temp,
+                            generated_code=analysis.generated_code_size_in_bytes)
 
 
 def executable_cost(compiled, key: str) -> float | None:

@@ -118,6 +118,8 @@ class ExecutableMemory:
     temp: int
     total: int
     """argument + output - alias + temp."""
+    generated_code: int | None = None
+    """Size of the executable's generated code."""
 
 
 @_section
