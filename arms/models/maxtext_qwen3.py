@@ -33,6 +33,7 @@ from flax import nnx
 from flax.linen import spmd as linen_spmd
 from jax.sharding import AxisType, Mesh
 
+from arms.models.paths import get_path, set_path
 from engine.model import Decoder, DecoderConfig
 from engine.model.sharding import MESH_AXES, check_fits, named_shardings
 
@@ -221,18 +222,6 @@ def _layer_pairs():
     )
 
 
-def _get(tree, path):
-    for key in path:
-        tree = tree[key]
-    return tree
-
-
-def _set(tree, path, value):
-    for key in path[:-1]:
-        tree = tree.setdefault(key, {})
-    tree[path[-1]] = value
-
-
 SCAN_AXIS = 1
 """MaxText stacks scanned layers on axis 1 (`param_scan_axis`); our decoder on axis 0."""
 
@@ -240,18 +229,19 @@ SCAN_AXIS = 1
 def decoder_to_maxtext_params(ours: dict, config: DecoderConfig) -> dict:
     """Our decoder's Params (pure dict) in MaxText's Transformer layout for `config`."""
     theirs: dict = {}
-    _set(theirs, ("token_embedder", "embedding"), ours["embedding"])
-    _set(theirs, ("decoder", "decoder_norm", "scale"), ours["final_norm"]["scale"])
+    set_path(theirs, ("token_embedder", "embedding"), ours["embedding"])
+    set_path(theirs, ("decoder", "decoder_norm", "scale"), ours["final_norm"]["scale"])
     if not config.tie_embeddings:
-        _set(theirs, ("decoder", "logits_dense", "kernel"), ours["head"])
+        set_path(theirs, ("decoder", "logits_dense", "kernel"), ours["head"])
     for our_path, their_path in _layer_pairs():
         if config.scan_layers:
-            stacked = _get(ours["layers"], our_path)
-            _set(theirs, ("decoder", "layers", *their_path), jnp.moveaxis(stacked, 0, SCAN_AXIS))
+            stacked = get_path(ours["layers"], our_path)
+            set_path(theirs, ("decoder", "layers", *their_path),
+                     jnp.moveaxis(stacked, 0, SCAN_AXIS))
         else:
             for i in range(config.num_layers):
-                _set(theirs, ("decoder", f"layers_{i}", *their_path),
-                     _get(ours["layers"][i], our_path))
+                set_path(theirs, ("decoder", f"layers_{i}", *their_path),
+                     get_path(ours["layers"][i], our_path))
     return theirs
 
 
@@ -264,15 +254,16 @@ def maxtext_to_decoder_params(theirs: dict, config: DecoderConfig) -> dict:
     scanned = "layers" in theirs["decoder"]
     for our_path, their_path in _layer_pairs():
         if scanned:
-            values = list(jnp.moveaxis(_get(theirs["decoder"]["layers"], their_path), SCAN_AXIS, 0))
+            stacked = get_path(theirs["decoder"]["layers"], their_path)
+            values = list(jnp.moveaxis(stacked, SCAN_AXIS, 0))
         else:
-            values = [_get(theirs["decoder"][f"layers_{i}"], their_path)
+            values = [get_path(theirs["decoder"][f"layers_{i}"], their_path)
                       for i in range(config.num_layers)]
         if config.scan_layers:
-            _set(ours, ("layers", *our_path), jnp.stack(values))
+            set_path(ours, ("layers", *our_path), jnp.stack(values))
         else:
             for i, value in enumerate(values):
-                _set(ours, ("layers", i, *our_path), value)
+                set_path(ours, ("layers", i, *our_path), value)
     return ours
 
 

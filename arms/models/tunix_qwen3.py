@@ -12,6 +12,7 @@ from flax import nnx
 from jax.sharding import Mesh
 from tunix.models.qwen3 import model as tunix_qwen3
 
+from arms.models.paths import get_path, set_path
 from engine.model import Decoder, DecoderConfig, attention_mask
 from engine.model.sharding import check_fits
 
@@ -81,32 +82,20 @@ def _layer_pairs():
     )
 
 
-def _get(tree, path):
-    for key in path:
-        tree = tree[key]
-    return tree
-
-
-def _set(tree, path, value):
-    for key in path[:-1]:
-        tree = tree.setdefault(key, {})
-    tree[path[-1]] = value
-
-
 def decoder_to_tunix_params(decoder: Decoder) -> dict:
     """Our decoder's Params as a pure dict in Tunix Qwen3's layout."""
     c = decoder.config
     ours = nnx.to_pure_dict(nnx.state(decoder, nnx.Param))
     theirs: dict = {}
-    _set(theirs, ("embedder", "input_embedding"), ours["embedding"])
-    _set(theirs, ("final_norm", "w"), ours["final_norm"]["scale"])
+    set_path(theirs, ("embedder", "input_embedding"), ours["embedding"])
+    set_path(theirs, ("final_norm", "w"), ours["final_norm"]["scale"])
     if not c.tie_embeddings:
-        _set(theirs, ("lm_head", "w"), ours["head"])
+        set_path(theirs, ("lm_head", "w"), ours["head"])
     for i in range(c.num_layers):
         for our_path, their_path in _layer_pairs():
-            value = (_get(ours["layers"], our_path)[i] if c.scan_layers
-                     else _get(ours["layers"][i], our_path))
-            _set(theirs, ("layers", i, *their_path), value)
+            value = (get_path(ours["layers"], our_path)[i] if c.scan_layers
+                     else get_path(ours["layers"][i], our_path))
+            set_path(theirs, ("layers", i, *their_path), value)
     return theirs
 
 
@@ -118,12 +107,12 @@ def tunix_to_decoder_params(tunix_params: dict, config: DecoderConfig) -> dict:
         ours["head"] = tunix_params["lm_head"]["w"]
     layers = [tunix_params["layers"][i] for i in range(config.num_layers)]
     for our_path, their_path in _layer_pairs():
-        values = [_get(layer, their_path) for layer in layers]
+        values = [get_path(layer, their_path) for layer in layers]
         if config.scan_layers:
-            _set(ours, ("layers", *our_path), jnp.stack(values))
+            set_path(ours, ("layers", *our_path), jnp.stack(values))
         else:
             for i, value in enumerate(values):
-                _set(ours, ("layers", i, *our_path), value)
+                set_path(ours, ("layers", i, *our_path), value)
     return ours
 
 
