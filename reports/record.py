@@ -344,7 +344,7 @@ def _value(hint, value, where: str, path: str):
         return _value(inner, value, where, path)
     if dataclasses.is_dataclass(hint):
         return _build(hint, value, where, path)
-    if origin is list and isinstance(value, list):
+    if origin is list and isinstance(value, list | tuple):  # a tuple in memory, a list in JSON
         return [_value(args[0], v, where, f"{path}[{i}]") for i, v in enumerate(value)]
     if origin is dict and isinstance(value, dict):
         return {k: _value(args[1], v, where, f"{path}.{k}") for k, v in value.items()}
