@@ -1,4 +1,5 @@
-"""The Arm protocol, the shared model builders and the registry of trainer x model pairs."""
+"""The Arm protocol and the model builders every arm shares (the registry of arms is
+`arms.registry`)."""
 
 from __future__ import annotations
 
@@ -41,9 +42,9 @@ def model_layout(model: nnx.Module, mesh) -> tuple[Any, LogicalRules]:
     """(mesh, logical axis rules) an arm runs `model` under: MaxText's own for its model,
     else this project's mesh and rules (Tunix's Qwen3 names mesh axes, which resolve to
     themselves under them)."""
-    if hasattr(model, "mx_config"):
-        from arms.models.maxtext_qwen3 import rules
+    from arms.models.maxtext_qwen3 import MaxTextDecoder, rules
 
+    if isinstance(model, MaxTextDecoder):
         return model.mx_mesh, rules(model.mx_config)
     return mesh, LOGICAL_AXIS_RULES
 

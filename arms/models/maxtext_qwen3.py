@@ -183,10 +183,12 @@ def check_shardable(model: nnx.Module, mesh: Mesh, mx_config, batch: int | None 
 
 class MaxTextDecoder(nnx.Module):
     """MaxText's NNX `Transformer` behind our decoder's call: (tokens, positions, segment_ids)
-    -> float32 logits. Dropout is off (rate 0 and `enable_dropout=False`)."""
+    -> float32 logits. Dropout is off (rate 0 and `enable_dropout=False`). It carries the
+    layout it runs under: MaxText's config (whose logical axis rules apply) and mesh."""
 
-    def __init__(self, config: DecoderConfig, transformer: nnx.Module):
-        self.config = config
+    def __init__(self, config: DecoderConfig, transformer: nnx.Module, mx_config,
+                 mx_mesh: Mesh):
+        self.config, self.mx_config, self.mx_mesh = config, mx_config, mx_mesh
         self.transformer = transformer
 
     def __call__(self, tokens_BxL: jax.Array, positions_BxL: jax.Array,
@@ -302,9 +304,7 @@ def to_maxtext(decoder: Decoder, mesh: Mesh | None = None, *, seq: int = 32) -> 
     transformer, mx_config, mx_mesh = build_transformer(decoder.config, mesh, seq=seq)
     load_params(transformer, decoder_to_maxtext_params(
         nnx.to_pure_dict(nnx.state(decoder, nnx.Param)), decoder.config), mx_mesh, mx_config)
-    model = MaxTextDecoder(decoder.config, transformer)
-    model.mx_config, model.mx_mesh = mx_config, mx_mesh
-    return model
+    return MaxTextDecoder(decoder.config, transformer, mx_config, mx_mesh)
 
 
 def from_maxtext(model: MaxTextDecoder, config: DecoderConfig) -> Decoder:
