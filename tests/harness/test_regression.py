@@ -83,14 +83,14 @@ def test_nightly_labels_a_first_run_then_flags_an_injected_2x_slowdown(tmp_path)
 
 @pytest.fixture(scope="module")
 def two_commits(tmp_path_factory):
-    """A clone of this repo with one more commit that makes the native arm 20% slower."""
+    """A clone of this repo with one more commit that makes the native arm 2x slower."""
     clone = tmp_path_factory.mktemp("clone") / "repo"
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
     shutil.copy(REPO / "tests/harness/fault_arms.py", clone / "tests/harness/fault_arms.py")
     native = clone / "arms" / "native.py"
     native.write_text(native.read_text() + (
         "\n\nimport tests.harness.fault_arms as _faults  # noqa: E402\n"
-        "_faults._slow_down(NativeArm, 0.2)\n"))
+        "_faults._slow_down(NativeArm, 1.0)\n"))
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "add", "-A"], cwd=clone, check=True)
     subprocess.run([*git, "commit", "-qm", "slow native"], cwd=clone, check=True)
@@ -110,9 +110,11 @@ def test_ab_between_two_real_commits_flags_the_slower_one(two_commits):
     row = next(line for line in proc.stdout.splitlines() if line.startswith("| native"))
     ratio, ci = row.split("|")[4].split("[")
     low, _high = (float(x) for x in ci.strip(" ]").split(","))
-    # The injected sleep is 20% of a measured step; time.sleep's wake-up latency adds a
-    # little more on a ~20 ms step (1.2-1.35 seen here), hence the upper bound of 1.6.
-    assert "| slower |" in row and low > 1.0 and 1.1 < float(ratio) < 1.6, proc.stdout
+    # The injected sleep doubles each step: beyond this VM's run-to-run noise, which moved a
+    # tiny cell's per-round median from 17.9 to 27.5 ms in one idle A/B (a 20% injection
+    # then read as "no detectable difference"). time.sleep's wake-up latency adds a little
+    # more on a ~20 ms step, hence the upper bound of 3.
+    assert "| slower |" in row and low > 1.0 and 1.6 < float(ratio) < 3.0, proc.stdout
     assert (two_commits / "ab-out" / "ab.md").exists()
 
 
