@@ -87,7 +87,7 @@ class MaxTextEngineArm(Arm):
                 return nnx.Optimizer(self._model, tx, wrt=nnx.Param)
 
         self.engine = Engine(mx_config, mesh=mesh)
-        mq.check_shardable(self.engine.model, mesh, mx_config, spec.micro_batch)
+        mq.check_shardable(self.engine.model, mesh, mx_config)  # the batch: spec.make_mesh
         decoder = self._reference_weights()
         mq.load_params(self.engine.model, mq.decoder_to_maxtext_params(
             nnx.to_pure_dict(nnx.state(decoder, nnx.Param)), config), mesh, mx_config)

@@ -152,7 +152,7 @@ def rules(mx_config) -> tuple:
     return tuple(mx_config.logical_axis_rules)
 
 
-def check_shardable(model: nnx.Module, mesh: Mesh, mx_config, batch: int | None = None) -> None:
+def check_shardable(model: nnx.Module, mesh: Mesh, mx_config) -> None:
     """Raises one ValueError if MaxText's rules would split a parameter unevenly on `mesh`.
 
     Resolved on the (abstract or real) parameter shapes before anything compiles; XLA's own
@@ -173,12 +173,6 @@ def check_shardable(model: nnx.Module, mesh: Mesh, mx_config, batch: int | None 
                     f"{tuple(shape)}) over mesh axes {'x'.join(names)} = {split} ways, which "
                     f"does not divide {dim}; pick a mesh whose {'x'.join(names)} size divides "
                     f"{dim}")
-    if batch is not None:
-        check_fits_batch = {a: mesh.shape.get(a, 1) for a in ("data", "fsdp")}
-        shards = math.prod(check_fits_batch.values())
-        if batch % shards:
-            raise ValueError(f"micro-batch size {batch} is not divisible by MaxText's batch axes "
-                             f"(data x fsdp = {shards}); use a multiple of {shards}")
 
 
 class MaxTextDecoder(nnx.Module):

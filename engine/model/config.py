@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Literal
 
 import jax.numpy as jnp
 
 RematPolicy = Literal["none", "minimal", "full"]
-REMAT_POLICIES: tuple[str, ...] = ("none", "minimal", "full")
+REMAT_POLICIES: tuple[str, ...] = typing.get_args(RematPolicy)
 """Rematerialization per block: nothing, save matmul outputs, or recompute everything."""
 
 
