@@ -1,4 +1,4 @@
-"""`parity ab REF_A REF_B`: the same cells from two git refs, interleaved A B A B.
+"""`parity ab REF_A REF_B`: the same cells from two git refs, interleaved round by round.
 
 Each ref is checked out as a detached git worktree; its cells run in the current Python
 environment with the worktree first on the path (so the ref's own engine, arms and worker
@@ -14,12 +14,13 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from harness import regression
-from harness.console import cell_name
 from harness.environment import REPO
-from harness.runner import run_grid
+from harness.runner import new_run_id, run_grid, schedule
 from harness.worker import CellRun
-from reports.record import ABTag, Spec, section
+from reports import stats
+from reports.compare import CellComparison, compare_sets, regressions
+from reports.compare import markdown as compare_markdown
+from reports.record import ABTag, Record
 
 
 def _git(*args: str, cwd: Path = REPO) -> str:
@@ -49,88 +50,64 @@ def check_clean(refs: Sequence[str], repo: Path = REPO, allow_dirty: bool = Fals
                          "--allow-dirty to measure HEAD as committed)")
 
 
-@dataclasses.dataclass
-class ABRow:
-    cell: str
-    a_median: float
-    b_median: float
-    comparison: regression.Comparison
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ABResult:
+    """Every record of an A/B run and the per-cell comparison of B against A."""
 
-    min_effect: float = regression.MIN_EFFECT
+    records: dict[str, list[Record]]
+    """"A" and "B" -> their records, in run order."""
+    rows: list[CellComparison]
+    shas: dict[str, str]
 
     @property
-    def verdict(self) -> str:
-        return regression.verdict(self.comparison, self.min_effect)
+    def slower(self) -> bool:
+        """B is slower than A beyond noise in some cell, or costs more in one."""
+        return bool(regressions(self.rows))
 
 
 def run_ab(ref_a: str, ref_b: str, cells: Sequence[CellRun], out_dir: Path, *,
-           env: dict[str, str], timeout_s: float, rounds: int = 3, repo: Path = REPO,
-           on_record: Callable[[int, dict], None] | None = None,
-           min_effect: float = regression.MIN_EFFECT) -> list[ABRow]:
-    if rounds < 3:
-        raise ValueError(f"--rounds {rounds}: A/B needs at least 3 interleaved rounds")
+           env: dict[str, str], timeout_s: float, rounds: int = 5, repo: Path = REPO,
+           on_record: Callable[[int, Record], None] | None = None,
+           min_effect: float = stats.MIN_EFFECT) -> ABResult:
+    """Runs each cell from both refs, `rounds` times, A and B back to back (A B in even
+    rounds, B A in odd ones) so machine drift hits both sides of a round alike; the rounds
+    are then compared as pairs. Records go to out_dir/<ab id>-A.jsonl and -B.jsonl."""
+    if rounds < stats.MIN_RUNS:
+        raise ValueError(f"--rounds {rounds}: A/B needs at least {stats.MIN_RUNS} rounds "
+                         "for a verdict")
     shas = {"A": resolve_ref(ref_a, repo), "B": resolve_ref(ref_b, repo)}
-    samples: dict[tuple[str, int], list[list[float]]] = {}
-    failed: list[str] = []
+    ab_id = new_run_id("ab-")
+    records: dict[str, list[Record]] = {"A": [], "B": []}
     with tempfile.TemporaryDirectory(prefix="parity-ab-") as tmp:
         trees = {}
-        for side, sha in shas.items():
-            trees[side] = Path(tmp) / side
-            _git("worktree", "add", "--detach", str(trees[side]), sha, cwd=repo)
         try:
-            for round_index in range(rounds):
-                for side in ("A", "B"):
+            for side, sha in shas.items():
+                trees[side] = Path(tmp) / side
+                _git("worktree", "add", "--detach", str(trees[side]), sha, cwd=repo)
+            for round_index, index, cell in schedule(cells, rounds):
+                for side in ("A", "B") if round_index % 2 == 0 else ("B", "A"):
                     side_env = dict(env)
                     side_env["PYTHONPATH"] = os.pathsep.join(
                         [str(trees[side]), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-                    _, records = run_grid(cells, out_dir, env=side_env, timeout_s=timeout_s,
-                                          run_id=f"ab-r{round_index}-{side}",
-                                          cwd=trees[side], on_record=on_record,
-                                          ab=ABTag(side=side, sha=shas[side],
-                                                   round=round_index))
-                    for i, record in enumerate(records):
-                        if record.ok:
-                            samples.setdefault((side, i), []).append(record.timing.step_ms)
-                        else:
-                            failed.append(f"{side} round {round_index}: "
-                                          f"{cell_name(record.arm, record.spec)}: "
-                                          f"{record.error.message}")
+                    _, (record,) = run_grid([cell], out_dir, env=side_env,
+                                            timeout_s=timeout_s, run_id=f"{ab_id}-{side}",
+                                            cwd=trees[side], first_round=round_index,
+                                            ab=ABTag(side=side, sha=shas[side]))
+                    records[side].append(record)
+                    if on_record:
+                        on_record(index, record)
         finally:
             for tree in trees.values():
                 _git("worktree", "remove", "--force", str(tree), cwd=repo)
-    if failed:
-        raise RuntimeError("A/B cells failed:\n" + "\n".join(failed))
-    rows = []
-    for i, cell in enumerate(cells):
-        a, b = samples[("A", i)], samples[("B", i)]
-        c = regression.compare(a, b)
-        name = cell_name(cell.arm, section(Spec, cell.spec))
-        rows.append(ABRow(name, _median(a), _median(b), c, min_effect))
-    return rows
+    rows = compare_sets(records["A"], records["B"], paired=True, min_effect=min_effect)
+    return ABResult(records=records, rows=rows, shas=shas)
 
 
-def _median(groups: list[list[float]]) -> float:
-    pooled = sorted(x for g in groups for x in g)
-    mid = len(pooled) // 2
-    return pooled[mid] if len(pooled) % 2 else (pooled[mid - 1] + pooled[mid]) / 2
-
-
-def markdown(ref_a: str, ref_b: str, rows: Sequence[ABRow], rounds: int) -> str:
-    min_effect = rows[0].min_effect if rows else regression.MIN_EFFECT
-    lines = [
-        f"## A/B: {ref_a} (A) vs {ref_b} (B)", "",
-        f"{rounds} interleaved rounds (A B A B ...), each cell in its own process. Ratio = "
-        "median B / median A (above 1.00: B is slower); 95% CI from a bootstrap over rounds "
-        "and steps; a verdict needs the CI to exclude 1.00 and a difference of at least "
-        f"{min_effect:.0%}; MDE = the smallest relative difference these samples "
-        "can detect.", "",
-        "| cell | A median ms | B median ms | B/A [95% CI] | verdict | MDE |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        c = r.comparison
-        lines.append(f"| {r.cell} | {r.a_median:.2f} | {r.b_median:.2f} | {c.ratio:.3f} "
-                     f"[{c.low:.3f}, {c.high:.3f}] | {r.verdict} | {c.mde:.1%} |")
-    flagged = sum(r.verdict != "no detectable difference" for r in rows)
-    lines += ["", f"{flagged} of {len(rows)} cells differ beyond noise."]
-    return "\n".join(lines) + "\n"
+def markdown(ref_a: str, ref_b: str, result: ABResult, rounds: int,
+             min_effect: float = stats.MIN_EFFECT) -> str:
+    head = [f"## A/B: {ref_a} (A, {result.shas['A'][:10]}) vs {ref_b} "
+            f"(B, {result.shas['B'][:10]})", "",
+            f"{rounds} interleaved rounds, each cell in its own process, A and B back to back "
+            "(A B, then B A, ...); rounds are resampled as pairs.", ""]
+    return "\n".join(head) + compare_markdown(result.rows, old_label="A", new_label="B",
+                                              min_effect=min_effect)

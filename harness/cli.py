@@ -94,6 +94,9 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=_csv(int), help="global batch size(s) per step")
     parser.add_argument("--ga", type=_csv(int), help="gradient-accumulation step(s)")
     parser.add_argument("--steps", type=int, help="timed steps per cell")
+    parser.add_argument("--rounds", type=int,
+                        help="times each cell runs, each a separate process, interleaved "
+                             "(A B C, C B A, ...); default: the suite's, else 1")
     parser.add_argument("--warmup", type=int, help="untimed warmup steps (>= 1)")
     parser.add_argument("--trace", action=argparse.BooleanOptionalAction, default=None,
                         help="capture a separate traced window after timing")
@@ -112,15 +115,17 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plugin", action="append", help="module registering extra arms")
 
 
-def run_options(args: argparse.Namespace) -> dict:
-    """Grid options from a suite (if any) overridden by explicit command-line values."""
+def run_options(args: argparse.Namespace, defaults: dict | None = None) -> dict:
+    """Grid options: the command's `defaults`, then a suite (if any), then explicit
+    command-line values, each overriding the one before."""
     from arms.registry import DEFAULT_ARMS
     from harness.grid import load_suite
 
-    options = load_suite(args.suite) if args.suite else {}
+    options = dict(defaults or {})
+    options.update(load_suite(args.suite) if args.suite else {})
     explicit = {
         "arms": args.arms, "preset": args.preset, "seq": args.seq, "batch": args.batch,
-        "ga": args.ga, "steps": args.steps, "warmup": args.warmup,
+        "ga": args.ga, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
         "dtype": DTYPES.get(args.dtype, args.dtype), "mesh": args.mesh, "loss": args.loss,
         "optimizer": args.optimizer, "ragged": args.ragged, "timeout_s": args.timeout,
         "cpu_devices": args.cpu_devices, "trace_steps": args.trace_steps,
@@ -139,7 +144,8 @@ class Grid:
     """A grid command's validated cells, environment and options (every bad input fails
     here, before any cell runs), and `run`: the one way run, nightly and ab run cells."""
 
-    def __init__(self, args: argparse.Namespace, out: Path, processes: int = 1):
+    def __init__(self, args: argparse.Namespace, out: Path, processes: int = 1,
+                 defaults: dict | None = None):
         import dataclasses
         import importlib
 
@@ -147,7 +153,9 @@ class Grid:
 
         for module in args.plugin or ():
             importlib.import_module(module)
-        self.options = run_options(args)
+        self.options = run_options(args, defaults)
+        if self.rounds < 1:
+            raise ValueError(f"--rounds {self.rounds}: give at least 1 round")
         self.env = runner.cpu_env(self.options.get("cpu_devices"))
         self.environment = runner.probe(self.env)
         available = {**self.environment,
@@ -179,15 +187,19 @@ class Grid:
         finally:
             bar.close()
 
+    @property
+    def rounds(self) -> int:
+        return self.options.get("rounds", 1)
+
     def run(self, **kwargs):
-        """(results path, records) of every cell, run once each, with progress lines."""
+        """(results path, records) of every cell, `rounds` times, with progress lines."""
         from harness import runner
 
-        with self.progress(len(self.cells)) as on_record:
+        with self.progress(len(self.cells) * self.rounds) as on_record:
             return runner.run_grid(self.cells, self.out, env=self.env,
                                    timeout_s=self.timeout_s, suite=self.options.get("name"),
-                                   on_record=on_record, environment=self.environment,
-                                   **kwargs)
+                                   rounds=self.rounds, on_record=on_record,
+                                   environment=self.environment, **kwargs)
 
 
 class Run(Command):
@@ -293,8 +305,9 @@ class Nightly(Command):
     @classmethod
     def run(cls, args):
         from harness import nightly
+        from reports import stats
 
-        grid = Grid(args, args.history)
+        grid = Grid(args, args.history, defaults={"rounds": stats.MIN_RUNS})
         threshold = args.threshold or grid.options.get("regression_threshold", 0.05)
         _, records = grid.run()
         code, text = nightly.evaluate(records, args.history, threshold=threshold,
@@ -305,22 +318,29 @@ class Nightly(Command):
 
 class AB(Command):
     name = "ab"
-    help = "A/B two git refs: the same cells, interleaved A B A B"
-    description = ("Checks out REF_A and REF_B as git worktrees and runs the same cells "
-                   "from each, interleaved, for --rounds rounds; reports the ratio of "
-                   "medians with a 95%% CI, a verdict and the minimum detectable effect. "
-                   "`parity ab HEAD HEAD` measures the noise floor.")
+    help = "A/B two git refs: the same cells, interleaved round by round"
+    description = ("Checks out REF_A and REF_B as git worktrees and runs every cell from "
+                   "each, A and B back to back, for --rounds rounds; reports the ratio of "
+                   "medians with a 95%% CI, a verdict, the minimum detectable effect and any "
+                   "change in the exact cost metrics. Exit 1 when B is slower beyond noise or "
+                   "costs more (unless --no-fail), 2 on bad input. `parity ab HEAD HEAD` "
+                   "measures the noise floor.")
+    ROUNDS = 5
+    STEPS = 60
+    """CPU defaults chosen from A/A runs on a 2-core machine: the MDE is set by how much a
+    process's median moves between processes, so rounds buy more than steps do."""
 
     @classmethod
     def setup(cls, parser):
         parser.add_argument("ref_a")
         parser.add_argument("ref_b")
         add_grid_arguments(parser)
-        parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (>= 3)")
         parser.add_argument("--threshold", type=float, default=0.05,
                             help="smallest relative difference that earns a verdict (0.05)")
         parser.add_argument("--allow-dirty", action="store_true",
                             help="allow uncommitted changes (HEAD is measured as committed)")
+        parser.add_argument("--no-fail", action="store_true",
+                            help="exit 0 even when B is slower or costs more")
         parser.add_argument("--out", type=Path, default=Path("results/ab"), help="results dir")
 
     @classmethod
@@ -330,15 +350,63 @@ class AB(Command):
         ab.resolve_ref(args.ref_a)
         ab.resolve_ref(args.ref_b)
         ab.check_clean([args.ref_a, args.ref_b], allow_dirty=args.allow_dirty)
-        grid = Grid(args, args.out)
-        with grid.progress(len(grid.cells) * 2 * args.rounds) as on_record:
-            rows = ab.run_ab(args.ref_a, args.ref_b, grid.cells, args.out, env=grid.env,
-                             timeout_s=grid.timeout_s, rounds=args.rounds,
-                             on_record=on_record, min_effect=args.threshold)
-        text = ab.markdown(args.ref_a, args.ref_b, rows, args.rounds)
+        grid = Grid(args, args.out, defaults={"rounds": cls.ROUNDS, "steps": cls.STEPS,
+                                              "trace": False})
+        with grid.progress(len(grid.cells) * 2 * grid.rounds) as on_record:
+            result = ab.run_ab(args.ref_a, args.ref_b, grid.cells, args.out, env=grid.env,
+                               timeout_s=grid.timeout_s, rounds=grid.rounds,
+                               on_record=on_record, min_effect=args.threshold)
+        text = ab.markdown(args.ref_a, args.ref_b, result, grid.rounds, args.threshold)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "ab.md").write_text(text)
         print(text)
+        return 1 if result.slower and not args.no_fail else 0
+
+
+class Compare(Command):
+    name = "compare"
+    help = "compare two saved result sets cell by cell"
+    description = ("For every cell in both OLD and NEW (results files or directories): the "
+                   "ratio of medians NEW/OLD with its 95%% CI and verdict, and every change "
+                   "in the exact cost metrics. Exit 0, or 1 with --fail-on-regression when a "
+                   "cell is slower beyond noise, failed, or costs more; 2 on bad input.")
+
+    @classmethod
+    def setup(cls, parser):
+        parser.add_argument("old", type=Path, help="results directory or .jsonl file")
+        parser.add_argument("new", type=Path, help="results directory or .jsonl file")
+        parser.add_argument("--json", action="store_true", help="print JSON, not markdown")
+        parser.add_argument("--threshold", type=float, default=0.05,
+                            help="smallest relative timing difference that earns a verdict")
+        parser.add_argument("--cost-threshold", type=float, default=0.0,
+                            help="relative cost increase that fails (default 0: any)")
+        parser.add_argument("--fail-on-regression", action="store_true",
+                            help="exit 1 on a timing regression, a failed cell or a cost "
+                                 "increase")
+
+    @classmethod
+    def run(cls, args):
+        import json
+
+        from reports import compare
+        from reports.records import ResultsError, read_dir
+
+        try:
+            old, new = read_dir(args.old), read_dir(args.new)
+        except ResultsError as err:
+            print(f"parity: error: {err}", file=sys.stderr)
+            return 2
+        rows = compare.compare_sets(old, new, min_effect=args.threshold)
+        if args.json:
+            print(json.dumps(compare.to_json(rows), indent=1))
+        else:
+            print(compare.markdown(rows, old_label=str(args.old), new_label=str(args.new),
+                                   min_effect=args.threshold))
+        failing = compare.regressions(rows, cost_threshold=args.cost_threshold)
+        if args.fail_on_regression and failing:
+            print("parity: regression:\n" + "\n".join(f"  {f}" for f in failing),
+                  file=sys.stderr)
+            return 1
         return 0
 
 
@@ -369,7 +437,8 @@ class Report(Command):
         return 0
 
 
-COMMANDS: tuple[type[Command], ...] = (Selftest, Env, Run, Launch, Nightly, AB, Report)
+COMMANDS: tuple[type[Command], ...] = (Selftest, Env, Run, Launch, Nightly, AB, Compare,
+                                        Report)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from reports.record import Record
+from reports.record import Record, cell_name
 
 
 def _fmt(value, spec: str = ".1f", missing: str = "-") -> str:
     return missing if value is None else format(value, spec)
 
 
-def cell_name(arm: str, spec) -> str:
-    """'engine tiny seq=32 batch=8 ga=4 [mesh=fsdp=8]' for an arm and a record's Spec."""
-    return (f"{arm} {spec.preset} seq={spec.seq} batch={spec.batch} ga={spec.ga}"
-            f"{' mesh=' + spec.mesh if spec.mesh else ''}")
+__all__ = ["cell_line", "cell_name", "table"]
 
 
 def _status(record: Record) -> str:

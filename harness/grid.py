@@ -18,7 +18,7 @@ SUITES_DIR = Path(__file__).parent / "suites"
 RUN_KEYS = ("steps", "warmup", "trace", "trace_steps", "parity")
 GRID_KEYS = ("preset", "seq", "batch", "ga")
 SUITE_ONLY_KEYS = ("description", "arms", "timeout_s", "ragged", "regression_threshold",
-                   "cpu_devices")
+                   "cpu_devices", "rounds")
 SPEC_KEYS = tuple(f.name for f in dataclasses.fields(CellSpec))
 
 

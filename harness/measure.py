@@ -1,5 +1,5 @@
 """Measurement primitives: step-time statistics, GC pauses, RSS high-water, executable memory,
-compiled FLOPs and bytes per step, MFU where the device's peak is known."""
+model and compiled FLOPs and bytes per step, MFU where the device's peak is known."""
 
 from __future__ import annotations
 
@@ -122,23 +122,6 @@ def executable_memory(compiled) -> ExecutableMemory | None:
                             generated_code=analysis.generated_code_size_in_bytes)
 
 
-def executable_cost(compiled, key: str) -> float | None:
-    """One entry of XLA's cost_analysis ("flops", "bytes accessed"), None where missing.
-
-    XLA counts a while-loop body once: for a program that scans (micro-batches, or layers
-    with scan_layers) this is one iteration's cost, not the step's.
-    """
-    try:
-        cost = compiled.cost_analysis()
-    except Exception:
-        return None
-    if isinstance(cost, list):
-        cost = cost[0] if cost else None
-    if not cost or key not in cost:
-        return None
-    return float(cost[key])
-
-
 def per_step(per_executable: Mapping[str, float | None],
              calls: Mapping[str, int]) -> float | None:
     """sum over executables of value x calls per step; None if any value is missing."""
@@ -147,21 +130,27 @@ def per_step(per_executable: Mapping[str, float | None],
     return sum(v * calls.get(n, 0) for n, v in per_executable.items())
 
 
-def cost(executables: Mapping, calls: Mapping[str, int], median_ms: float, device_kind: str,
-         device_count: int) -> Cost:
-    """Compiled FLOPs and bytes accessed per step (XLA's counts x calls per step), FLOP/s at
-    the median step time, and MFU against the device kind's bf16 peak where it is known."""
-    flops = {name: executable_cost(c, "flops") for name, c in executables.items()}
-    accessed = {name: executable_cost(c, "bytes accessed") for name, c in executables.items()}
-    flops_per_step = per_step(flops, calls)
-    flops_per_s = flops_per_step / (median_ms / 1e3) if flops_per_step else None
+def cost(executables: Mapping, calls: Mapping[str, int], *, model_flops: float,
+         median_ms: float, device_kind: str, device_count: int) -> Cost:
+    """The step's cost: model FLOPs (analytic, the same for every arm) with the FLOP/s they
+    give at the median step time and MFU where the device's bf16 peak is known, and the
+    compiled FLOPs and bytes accessed of every executable (loop-aware) x its calls per step.
+    """
+    from harness.flops import compiled_cost
+
+    compiled = {name: compiled_cost(c) for name, c in executables.items()}
+    flops_per_s = model_flops / (median_ms / 1e3)
     peak = PEAK_BF16_FLOPS.get(device_kind)
-    return Cost(flops_per_step=flops_per_step, flops_per_s=flops_per_s,
-                mfu_vs_bf16_peak=(flops_per_s / (peak * device_count)
-                                  if flops_per_s and peak else None),
-                flops_per_executable=flops, calls_per_step=dict(calls),
-                bytes_accessed_per_step=per_step(accessed, calls),
-                bytes_accessed_per_executable=accessed)
+    flops = {name: c.flops for name, c in compiled.items()}
+    accessed = {name: c.bytes_accessed for name, c in compiled.items()}
+    return Cost(
+        model_flops_per_step=model_flops, model_flops_per_s=flops_per_s,
+        mfu_vs_bf16_peak=flops_per_s / (peak * device_count) if peak else None,
+        compiled_flops_per_step=per_step(flops, calls),
+        bytes_accessed_per_step=per_step(accessed, calls), calls_per_step=dict(calls),
+        compiled_flops_per_executable=flops, bytes_accessed_per_executable=accessed,
+        loop_trip_counts={name: list(c.trip_counts) for name, c in compiled.items()},
+        unavailable={name: c.reason for name, c in compiled.items() if c.reason})
 
 
 def peak_bytes_in_use(devices) -> int | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness import regression, results
-from harness.console import cell_name
+from reports import stats
 from reports.record import Record
 
 EXIT_OK, EXIT_REGRESSION, EXIT_BROKEN = 0, 1, 2
@@ -15,48 +15,60 @@ def summary_markdown(rows: list[regression.NightlyRow], threshold: float) -> str
     lines = [
         "# Nightly parity", "",
         f"Regression = median ms/step at least {threshold:.0%} above the comparable history "
-        "(last 5 runs of the same arm, config and environment) with the 95% bootstrap CI of "
-        "the ratio above 1.00.", "",
-        "| cell | status | median ms | history median ms | ratio new/old [95% CI] | MDE |",
-        "|---|---|---|---|---|---|",
+        f"(last {regression.BASELINE_RUNS} runs of the same arm, config and environment) with "
+        "the 95% CI of the ratio (bootstrap over runs, then steps) above 1.00 and at least "
+        f"{stats.MIN_RUNS} runs a side; or any cost metric (compiled FLOPs, bytes accessed, "
+        "planned peak, executions per step, compiles) above the latest comparable run's, "
+        "compared exactly.", "",
+        "| cell | status | median ms | history median ms | runs new / old "
+        "| ratio new/old [95% CI] | timing verdict | MDE | cost changes |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+    notes = []
     for row in rows:
-        r = row.record
-        name = cell_name(r.arm, r.spec)
-        median = r.timing.stats.median_ms if r.ok else None
-        if row.comparison:
-            c = row.comparison
-            old = sorted(x for h in row.history[-5:] for x in h.timing.step_ms)
-            ratio = f"{c.ratio:.3f} [{c.low:.3f}, {c.high:.3f}]"
-            lines.append(f"| {name} | {row.status} | {median:.1f} | "
-                         f"{old[len(old) // 2]:.1f} | {ratio} | {c.mde:.1%} |")
+        cell, c = row.cell, row.comparison
+        median = cell.median_ms
+        if c and c.timing:
+            t = c.timing
+            changed = ", ".join(ch.metric for ch in c.cost_changes) or "none"
+            lines.append(
+                f"| {cell.name} | {row.status} | {median:.1f} | {c.old.median_ms:.1f} | "
+                f"{len(cell.ok)} / {len(c.old.ok)} | {t.ratio:.3f} [{t.low:.3f}, "
+                f"{t.high:.3f}] | {c.verdict} | {t.mde:.1%} | {changed} |")
+            notes += [f"- {cell.name}: {ch.text()}" for ch in c.cost_changes]
+            notes += [f"- {cell.name}: {w}" for w in c.warnings]
         else:
-            reason = f": {r.error.reason}" if not r.ok else ""
-            lines.append(f"| {name} | {row.status}{reason} | "
-                         f"{'-' if median is None else f'{median:.1f}'} | - | - | - |")
-    compared = [row for row in rows if row.comparison]
-    if len(compared) < len([row for row in rows if row.record.ok]):
+            failed = [r for r in cell.records if not r.ok]
+            reason = f": {failed[0].error.reason}" if failed and not cell.ok else ""
+            lines.append(f"| {cell.name} | {row.status}{reason} | "
+                         f"{'-' if median is None else f'{median:.1f}'} | - | - | - | - | - "
+                         "| - |")
+    if notes:
+        lines += ["", "Cost changes and warnings:", *notes]
+    if any(row.status == regression.FIRST for row in rows):
         lines += ["", "Cells without comparable history (other versions, backend, device or "
                       "config) are not compared; they start a new baseline."]
     return "\n".join(lines) + "\n"
 
 
 def history_plot(row: regression.NightlyRow, path: Path) -> Path:
+    """Every history run's step times and the new runs', with the per-run medians."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [*row.history, row.record]
-    fig, ax = plt.subplots(figsize=(8, 4), dpi=80)
+    runs = [*row.history, *row.cell.ok]
+    fig, ax = plt.subplots(figsize=(8, 4), dpi=100)
     for i, r in enumerate(runs):
         ax.scatter([i] * len(r.timing.step_ms), r.timing.step_ms, s=6,
-                   color="tab:red" if r is row.record else "tab:blue")
+                   color="tab:red" if r in row.cell.ok else "tab:blue")
     ax.plot(range(len(runs)), [r.timing.stats.median_ms for r in runs], color="k")
-    ax.set_xticks(range(len(runs)), [(r.run_id or "?")[:15] for r in runs], rotation=45,
-                  fontsize=6)
+    ax.set_xticks(range(len(runs)), [f"{(r.run_id or '?')[:15]}#{r.round}" for r in runs],
+                  rotation=45, fontsize=6)
+    ax.set_ylim(bottom=0)
     ax.set_ylabel("ms / step")
-    ax.set_title(cell_name(row.record.arm, row.record.spec), fontsize=8)
+    ax.set_title(f"{row.cell.name}: history (blue) and this run (red)", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -70,11 +82,11 @@ def evaluate(new: list[Record], history_dir: Path, *, threshold: float,
     rows = regression.against_history(new, history, threshold=threshold)
     text = summary_markdown(rows, threshold)
     report_dir.mkdir(parents=True, exist_ok=True)
-    regressed = [row for row in rows if row.status == "regression"]
+    regressed = [row for row in rows if row.status == regression.REGRESSION]
     for i, row in enumerate(regressed):
         png = history_plot(row, report_dir / f"regression_{i}.png")
-        text += f"\n![{cell_name(row.record.arm, row.record.spec)}]({png.name})\n"
+        text += f"\n![{row.cell.name}]({png.name})\n"
     (report_dir / "nightly.md").write_text(text)
-    if not new or any(row.status == "failed" for row in rows):
+    if not new or any(not r.ok for r in new):
         return EXIT_BROKEN, text
     return (EXIT_REGRESSION if regressed else EXIT_OK), text

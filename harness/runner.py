@@ -96,27 +96,53 @@ def run_one(cell: CellRun, env: dict[str, str], timeout_s: float,
     return record
 
 
+def schedule(cells: Sequence[CellRun], rounds: int) -> list[tuple[int, int, CellRun]]:
+    """(round, cell index, cell) in run order: every cell once per round, the order reversed
+    on odd rounds (A B C, C B A, ...) so slow drift of the machine reaches every cell alike.
+    Only round 0 traces and checks parity (deterministic work; later rounds only time)."""
+    if rounds < 1:
+        raise ValueError(f"--rounds {rounds}: give at least 1 round")
+    order = []
+    for round_index in range(rounds):
+        indices = range(len(cells)) if round_index % 2 == 0 else reversed(range(len(cells)))
+        for index in indices:
+            cell = cells[index]
+            if round_index:
+                cell = dataclasses.replace(cell, trace=False, parity=False)
+            order.append((round_index, index, cell))
+    return order
+
+
+def new_run_id(prefix: str = "") -> str:
+    """A timestamp to the microsecond: two runs started in the same second differ."""
+    return prefix + datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S%fZ")
+
+
 def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, str],
              timeout_s: float, run_id: str | None = None, suite: str | None = None,
-             on_record: Callable[[int, Record], None] | None = None, cwd: Path | None = None,
-             ab: ABTag | None = None, environment: dict | None = None,
-             distributed: dict | None = None) -> tuple[Path, list[Record]]:
-    """Runs every cell, appending each record to `out_dir/<run_id>.jsonl` as it finishes.
+             rounds: int = 1, on_record: Callable[[int, Record], None] | None = None,
+             cwd: Path | None = None, ab: ABTag | None = None,
+             environment: dict | None = None, distributed: dict | None = None,
+             first_round: int = 0) -> tuple[Path, list[Record]]:
+    """Runs every cell `rounds` times (interleaved, see `schedule`), appending each record to
+    `out_dir/<run_id>.jsonl` as it finishes; returns the records in run order.
 
-    `cwd` is where cells run (an A/B worktree); `ab` tags every record with its A/B side;
-    `environment` stands in for cells that died before writing their own. With
-    `distributed` ({"coordinator": "HOST:PORT", "num_processes", "process_id"}) this is one
-    host's runner: cell k's processes meet at PORT + k, and only process 0 writes records.
+    `cwd` is where cells run (an A/B worktree); `ab` tags every record with its A/B side
+    and `first_round` numbers its rounds; `environment` stands in for cells that died before
+    writing their own. With `distributed` ({"coordinator": "HOST:PORT", "num_processes",
+    "process_id"}) this is one host's runner: the k-th process of the run meets at PORT + k,
+    and only process 0 writes records.
     """
-    run_id = run_id or datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    run_id = run_id or new_run_id()
     path = Path(out_dir) / f"{run_id}{'-' + suite if suite else ''}.jsonl"
     records = []
     writer = distributed is None or distributed.get("process_id", 0) == 0
-    for index, cell in enumerate(cells):
+    for k, (round_index, index, cell) in enumerate(schedule(cells, rounds)):
         if distributed:
-            cell = dataclasses.replace(cell, distributed=_cell_distributed(distributed, index))
+            cell = dataclasses.replace(cell, distributed=_cell_distributed(distributed, k))
         record = run_one(cell, env, timeout_s, cwd)
         record.run_id, record.suite, record.arm = run_id, suite, cell.arm
+        record.round = first_round + round_index
         record.spec = section(Spec, cell.spec)
         record.config_hash = _config_hash(cell)
         record.run = RunOptions(steps=cell.steps, warmup=cell.warmup, trace=cell.trace,

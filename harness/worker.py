@@ -134,7 +134,7 @@ def run_cell(run: CellRun) -> Record:
     executables = arm.executables()
     record = Record(
         about=arm.about(), timing=timing, memory=_memory(executables, rss_growth),
-        cost=_cost(executables, arm.calls_per_step(), timing.stats.median_ms),
+        cost=_cost(executables, arm.calls_per_step(), timing.stats.median_ms, spec),
         trace=_traced_window(arm, batches, run) if run.trace else None,
         parity=_parity(spec, captured, first_loss) if run.parity else None)
     arm.close()
@@ -184,7 +184,8 @@ def _timed_window(arm, batches, run: CellRun, spec, compiles,
         tokens_per_step=tokens, tokens_per_s=tokens / (stats.median_ms / 1e3),
         build_s=build_s, compile_s=arm.compile_seconds,
         recompiles_after_warmup=compiles.count - compiled_before,
-        executions_per_step=arm.executions_per_step()), rss["rss_delta_bytes"]
+        executions_per_step=arm.executions_per_step(),
+        compiles=compiles.count), rss["rss_delta_bytes"]
 
 
 def _memory(executables, rss: int | None) -> Memory:
@@ -202,13 +203,17 @@ def _memory(executables, rss: int | None) -> Memory:
                   rss_delta_bytes=rss, hosts=_per_host_memory(rss, peak, np))
 
 
-def _cost(executables, calls: dict[str, int], median_ms: float) -> Cost:
+def _cost(executables, calls: dict[str, int], median_ms: float, spec) -> Cost:
     import jax
 
     from harness import measure
+    from harness.flops import model_flops_per_step
 
-    return measure.cost(executables, calls, median_ms, jax.local_devices()[0].device_kind,
-                        jax.device_count())
+    return measure.cost(
+        executables, calls,
+        model_flops=model_flops_per_step(spec.model_config(), batch=spec.batch, seq=spec.seq),
+        median_ms=median_ms, device_kind=jax.local_devices()[0].device_kind,
+        device_count=jax.device_count())
 
 
 def _per_host_memory(rss_delta, peak, np) -> list[HostMemory]:

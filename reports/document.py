@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from reports import plots, tables
+from reports import plots, stats, tables
 from reports.records import read_dir, to_frame
 
 
@@ -19,9 +19,18 @@ def _section(df: pd.DataFrame, out_dir: Path, prefix: str, baseline_arm: str) ->
     }
     parts = [
         "### Setup", tables.setup(df),
-        "### ms/step", "Untraced timing. Speedup = median(other) / median(arm): above 1.00x "
-        "the arm is faster. The bracket is a 95% bootstrap CI of the ratio of medians.",
+        "### ms/step", "Untraced timing; each round is a separate process, rounds interleave "
+        "the arms (A B C, C B A, ...). Median = median of the rounds' medians, with a 95% "
+        "bootstrap CI over rounds. Speedup = median(other) / median(arm): above 1.00x the arm "
+        "is faster; its bracket is the 95% CI of reports.stats (bootstrap over rounds, then "
+        f"steps) and a verdict needs {stats.MIN_RUNS}+ rounds and a {stats.MIN_EFFECT:.0%}+ "
+        "difference.",
         tables.timing(df, baseline_arm),
+        "### Cost per step", "Model FLOPs: one formula for every arm (MaxText's: 6 x matmul "
+        "params x tokens + causal attention; remat recompute excluded). Compiled FLOPs and "
+        "bytes: XLA's cost model of every executable x its calls per step, each while-loop "
+        "body counted as many times as it runs. All are exact (no timing noise).",
+        tables.cost(df),
         "### Peak memory", tables.memory(df, baseline_arm),
         "### Executables", "XLA's memory_analysis of each compiled executable (per device); "
         "calls/step weights the per-step cost.", tables.executables(df),

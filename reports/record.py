@@ -19,10 +19,12 @@ import types
 import typing
 from typing import Any
 
-SCHEMA = 2
+SCHEMA = 3
 """Version of the layout `to_json` writes. 1: the environment was `fingerprint`, the
 compiled cost `flops`, the step statistics `timing.summary`, the data digest
-`parity.data_fingerprint`, the executions `timing.executions_per_step_dispatched`."""
+`parity.data_fingerprint`, the executions `timing.executions_per_step_dispatched`.
+2: XLA's compiled FLOPs and bytes were not loop-aware (a while-loop body counted once), there
+were no model FLOPs, and the round lived only in the A/B tag."""
 
 
 class RecordError(ValueError):
@@ -106,6 +108,8 @@ class Timing:
     recompiles_after_warmup: int
     executions_per_step: int
     """Executable calls one optimizer step dispatched (as counted by the arm)."""
+    compiles: int | None = None
+    """Backend compiles in the cell's process up to the end of the timed window."""
 
 
 @_section
@@ -143,16 +147,35 @@ class Memory:
 
 @_section
 class Cost:
-    """Compiled cost from XLA's cost_analysis, per executable and per optimizer step."""
+    """What one optimizer step costs: the model's FLOPs by formula, and the compiled
+    program's FLOPs and bytes from XLA's cost model made loop-aware. All of these are
+    deterministic for a given program, so they are compared exactly (no noise)."""
 
-    flops_per_step: float | None
-    flops_per_s: float | None
+    model_flops_per_step: float | None
+    """Analytic training FLOPs of the step's tokens (MaxText's convention: 6 x matmul
+    params x tokens plus causal attention, remat recompute excluded); the same for every arm
+    given the same work."""
+    model_flops_per_s: float | None
+    """model_flops_per_step at the median step time."""
     mfu_vs_bf16_peak: float | None
-    flops_per_executable: dict[str, float | None]
+    """model_flops_per_s / (the device kind's dense bf16 peak x devices); None where the
+    peak is not known (CPU)."""
+    compiled_flops_per_step: float | None
+    """XLA's FLOPs of every executable x its calls per step, each while-loop body counted
+    trip-count times; per device (XLA costs each device's SPMD program); None if any
+    executable's count is unavailable."""
+    bytes_accessed_per_step: float | None
+    """XLA's bytes accessed (operands + outputs of every top-level op), weighted, loop-aware
+    and per device like compiled_flops_per_step."""
     calls_per_step: dict[str, int]
     """Calls of each executable per optimizer step (the weights of the per-step sums)."""
-    bytes_accessed_per_step: float | None = None
-    bytes_accessed_per_executable: dict[str, float | None] | None = None
+    compiled_flops_per_executable: dict[str, float | None]
+    """Loop-aware FLOPs of one call of each executable."""
+    bytes_accessed_per_executable: dict[str, float | None]
+    loop_trip_counts: dict[str, list[int]]
+    """Known trip counts of each executable's while loops (empty: no loops)."""
+    unavailable: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Executable -> why its compiled cost is unavailable (e.g. a loop of unknown length)."""
 
 
 @_section
@@ -202,6 +225,14 @@ class Environment:
     xla_flags: str
     host: str
 
+    COMPARABLE: typing.ClassVar[tuple[str, ...]] = (
+        "versions", "backend", "device_kind", "device_count", "process_count", "xla_flags")
+    """What two records must share to be compared (git sha and dirtiness are what A/B
+    varies; python and host are informational)."""
+
+    def comparable_key(self) -> tuple:
+        return tuple(repr(getattr(self, k)) for k in self.COMPARABLE)
+
 
 @_section
 class Failure:
@@ -214,11 +245,11 @@ class Failure:
 
 @_section
 class ABTag:
-    """Which side and round of an A/B run a record belongs to."""
+    """Which side of an A/B run a record belongs to."""
 
     side: str
+    """"A" or "B"."""
     sha: str
-    round: int
 
 
 @_section
@@ -246,11 +277,20 @@ class Record:
     memory: Memory | None = None
     parity: Parity | None = None
     trace: Trace | None = None
+    round: int = 0
+    """Index of this process among the cell's interleaved rounds in its run."""
     ab: ABTag | None = None
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    def cell_key(self) -> tuple:
+        """Records with equal keys measured the same work the same way in comparable
+        environments: their samples may be pooled or compared."""
+        env = self.environment.comparable_key() if self.environment else None
+        run = (self.run.steps, self.run.warmup) if self.run else None
+        return (self.arm, self.config_hash, run, env)
 
     def to_json(self) -> dict[str, Any]:
         """The record as plain JSON data (the layout of schema `SCHEMA`)."""
@@ -265,15 +305,25 @@ class Record:
         return _build(cls, upgrade(data, where), where, "")
 
 
+def cell_name(arm: str | None, spec: Spec | None) -> str:
+    """'engine tiny seq=32 batch=8 ga=4 [mesh=fsdp=8]': a cell as people name it."""
+    if spec is None:
+        return f"{arm} (no spec)"
+    return (f"{arm} {spec.preset} seq={spec.seq} batch={spec.batch} ga={spec.ga}"
+            f"{' mesh=' + spec.mesh if spec.mesh else ''}")
+
+
 def upgrade(data: dict, where: str = "record") -> dict:
     """`data` in the current schema's layout (a copy); raises RecordError for an unknown one."""
     schema = data.get("schema")
     if schema == SCHEMA:
         return data
+    if schema == 2:
+        return _upgrade_2(data)
     if schema != 1:
         raise RecordError(f"{where}: not a parity record (schema {schema!r}, this version "
                           f"reads 1-{SCHEMA})")
-    data = dict(data, schema=SCHEMA)
+    data = dict(data, schema=2)
     data["environment"] = data.pop("fingerprint", None)
     if data.get("timing"):
         timing = data["timing"] = dict(data["timing"])
@@ -291,6 +341,27 @@ def upgrade(data: dict, where: str = "record") -> dict:
     if data.get("parity"):
         parity = data["parity"] = dict(data["parity"])
         parity["data_digest"] = parity.pop("data_fingerprint")
+    return _upgrade_2(data)
+
+
+def _upgrade_2(data: dict) -> dict:
+    """Schema 2 -> 3. Its compiled FLOPs and bytes counted a while-loop body once, so they
+    are dropped as unavailable rather than carried over silently low."""
+    data = dict(data, schema=SCHEMA)
+    if data.get("ab"):
+        ab = data["ab"] = dict(data["ab"])
+        data["round"] = ab.pop("round", 0)
+    cost = data.get("cost")
+    if cost:
+        names = list(cost.get("flops_per_executable") or {})
+        why = "schema-2 record: XLA's count was not loop-aware"
+        data["cost"] = {
+            "model_flops_per_step": None, "model_flops_per_s": None, "mfu_vs_bf16_peak": None,
+            "compiled_flops_per_step": None, "bytes_accessed_per_step": None,
+            "calls_per_step": cost["calls_per_step"],
+            "compiled_flops_per_executable": dict.fromkeys(names),
+            "bytes_accessed_per_executable": dict.fromkeys(names),
+            "loop_trip_counts": {}, "unavailable": dict.fromkeys(names, why)}
     return data
 
 

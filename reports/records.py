@@ -60,15 +60,36 @@ def environment_key(env: Environment | None) -> str:
 
 
 def to_frame(records: list[Record]) -> pd.DataFrame:
-    """One row per cell, the columns every report reads (raw samples kept as lists)."""
-    return pd.DataFrame([_row(r) for r in records])
+    """One row per cell (its rounds pooled) and one per failed run, with the columns every
+    report reads; raw samples are kept as lists (`runs`: one list per round)."""
+    from reports.compare import cells
+
+    rows = []
+    for cell in cells(records):
+        if cell.ok:
+            rows.append(_row(cell.ok))
+        rows += [_row([r]) for r in cell.records if not r.ok]
+    return pd.DataFrame(rows)
 
 
-def _row(r: Record) -> dict:
+def _first(records: list[Record], attr: str):
+    """The first record's section `attr` that is present (round 0 traces and checks parity;
+    later rounds only time)."""
+    return next((getattr(r, attr) for r in records if getattr(r, attr) is not None), None)
+
+
+def _row(records: list[Record]) -> dict:
+    """A cell's columns from its records (all ok, or one failed)."""
+    from reports import stats
+
+    r = records[0]
     spec, env, run = r.spec, r.environment, r.run
     timing, cost, memory = r.timing, r.cost, r.memory
-    parity, trace = r.parity, r.trace
-    stats = timing.stats if timing else None
+    parity, trace = _first(records, "parity"), _first(records, "trace")
+    runs = [x.timing.step_ms for x in records if x.ok and x.timing.step_ms]
+    center = stats.median_ci(runs) if runs else None
+    flops_per_s = (cost.model_flops_per_step / (center.median / 1e3)
+                   if cost and cost.model_flops_per_step and center else None)
     return {
         "run_id": r.run_id, "suite": r.suite, "arm": r.arm, "about": r.about,
         "preset": spec.preset, "seq": spec.seq, "batch": spec.batch, "ga": spec.ga,
@@ -78,17 +99,34 @@ def _row(r: Record) -> dict:
         "error_message": r.error.message if r.error else None,
         "environment": environment_key(env),
         "git_sha": env.git_sha if env else None, "git_dirty": env.git_dirty if env else None,
+        "device_count": env.device_count if env else None,
         "steps": run.steps, "warmup": run.warmup, "traced_window": run.trace,
-        "step_ms": timing.step_ms if timing and r.ok else [],
-        "median_ms": stats and stats.median_ms, "mean_ms": stats and stats.mean_ms,
-        "max_ms": stats and stats.max_ms, "p90_ms": stats and stats.p90_ms,
-        "cv": stats and stats.cv, "tokens_per_s": timing and timing.tokens_per_s,
+        "runs": runs, "rounds": len(runs),
+        "round_ids": [(x.run_id, x.round) for x in records if x.ok],
+        "step_ms": [t for run_ms in runs for t in run_ms],
+        "median_ms": center and center.median, "median_low": center and center.low,
+        "median_high": center and center.high,
+        "warnings": stats.warnings(runs) if runs else [],
+        "mean_ms": _mean([x.timing.stats.mean_ms for x in records if x.ok]),
+        "max_ms": max((x.timing.stats.max_ms for x in records if x.ok), default=None),
+        "p90_ms": timing and timing.stats.p90_ms,
+        "cv": max((stats.cv(run_ms) for run_ms in runs), default=None),
+        "tokens_per_s": (timing.tokens_per_step / (center.median / 1e3)
+                         if timing and center else None),
         "compile_s": timing and timing.compile_s,
-        "recompiles": timing and timing.recompiles_after_warmup,
+        "recompiles": max((x.timing.recompiles_after_warmup for x in records if x.ok),
+                          default=None),
+        "compiles": timing and timing.compiles,
+        "executions_per_step": timing and timing.executions_per_step,
         "gc_count": timing and timing.gc.count, "gc_ms": timing and timing.gc.total_ms,
         "dispatch_ms": _median(timing.dispatch_ms) if timing else None,
-        "flops_per_step": cost and cost.flops_per_step, "mfu": cost and cost.mfu_vs_bf16_peak,
+        "model_flops_per_step": cost and cost.model_flops_per_step,
+        "model_flops_per_s": flops_per_s,
+        "mfu": (cost.mfu_vs_bf16_peak * flops_per_s / cost.model_flops_per_s
+                if flops_per_s and cost.mfu_vs_bf16_peak else None),
+        "compiled_flops_per_step": cost and cost.compiled_flops_per_step,
         "bytes_accessed_per_step": cost and cost.bytes_accessed_per_step,
+        "cost_unavailable": _unavailable(cost.unavailable) if cost else None,
         "peak_bytes": memory and memory.peak_bytes_in_use,
         "planned_bytes": memory and memory.planned_bytes,
         "rss_delta_bytes": memory and memory.rss_delta_bytes,
@@ -96,6 +134,19 @@ def _row(r: Record) -> dict:
         "calls_per_step": cost.calls_per_step if cost else {},
         **_parity_columns(parity), **_trace_columns(trace),
     }
+
+
+def _unavailable(why: dict[str, str]) -> str | None:
+    """'fwd_bwd, update: <reason>' per distinct reason; None when every cost is known."""
+    by_reason: dict[str, list[str]] = {}
+    for executable, reason in why.items():
+        by_reason.setdefault(reason, []).append(executable)
+    return "; ".join(f"{', '.join(names)}: {reason}"
+                     for reason, names in by_reason.items()) or None
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def _parity_columns(p) -> dict:

@@ -1,4 +1,28 @@
-"""Statistics on per-step samples: the bootstrap CI of a ratio of medians."""
+"""The one statistics rule: when is one set of timings faster or slower than another.
+
+Every comparison in the project (the report's speedups, `parity compare`, `parity ab` and
+the nightly regression check) goes through `compare` and `verdict` here.
+
+A timing sample is a list of runs (processes), each a list of per-step wall times. Steps of
+one process share its memory layout, compilation and machine state, so they scatter less
+than processes do: a CI from the steps of one process is too narrow for a claim about the
+code. The rule:
+
+- statistic: ratio of pooled medians, median(new) / median(old) (above 1: new is slower);
+- its 95% CI: a two-level bootstrap, resampling runs and then steps inside each run (scipy
+  has no hierarchical resampler). Runs of two sides that ran as interleaved rounds (round r
+  of A next to round r of B) are resampled *paired* (the same round indices on both sides),
+  so slow drift of the machine, which moves both sides of a round alike, cancels;
+- verdict: "slower"/"faster" only when the CI excludes 1.00 and the ratio is at least
+  `min_effect` away from 1, with at least `MIN_RUNS` runs and `MIN_STEPS` steps per run on
+  each side; fewer is "too few samples", never significant. Otherwise "no detectable
+  difference";
+- MDE (minimum detectable effect): the CI's half-width relative to the ratio.
+
+`median_ci` gives one cell's median over runs with a run-level CI (scipy.stats.bootstrap),
+and `warnings` flags pyperf-style instability: a run whose steps scatter (CV above
+`MAX_CV`) or runs whose medians disagree by more than `MAX_RUN_SPREAD`.
+"""
 
 from __future__ import annotations
 
@@ -7,38 +31,168 @@ from collections.abc import Sequence
 
 import numpy as np
 
-BOOTSTRAP = 2000
+CONFIDENCE = 0.95
+RESAMPLES = 2000
 SEED = 0
+"""Fixed: the same samples always give the same CI, so a regenerated report is unchanged."""
+MIN_EFFECT = 0.05
+"""Smallest relative difference that earns a verdict (a CI may exclude 1.00 for a 1% shift
+that is machine state rather than code)."""
+MIN_RUNS = 3
+"""Fewest runs (processes) per side for a verdict: a run-level spread needs at least 3."""
+MIN_STEPS = 5
+"""Fewest timed steps per run for a verdict."""
+MAX_CV = 0.10
+"""Step-time CV above which a run is flagged unstable (pyperf warns at 10% too)."""
+MAX_RUN_SPREAD = 0.10
+"""(max - min) / median of a cell's run medians above which its runs disagree."""
+
+Runs = Sequence[Sequence[float]]
+
+SLOWER, FASTER, SAME, TOO_FEW = ("slower", "faster", "no detectable difference",
+                                 "too few samples")
 
 
-@dataclasses.dataclass(frozen=True)
-class RatioCI:
-    """median(b) / median(a) with a bootstrap confidence interval."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Comparison:
+    """median(new) / median(old) with its bootstrap CI and the sample sizes behind it."""
 
     ratio: float
+    """Ratio of pooled medians new/old: above 1 the new side is slower."""
     low: float
+    """Lower end of the CI."""
     high: float
-    confidence: float
+    """Upper end of the CI."""
+    runs_old: int
+    runs_new: int
+    min_steps: int
+    """Fewest steps in any run of either side."""
+    paired: bool
+    """Runs were resampled as interleaved pairs."""
 
     @property
-    def excludes_one(self) -> bool:
-        return self.low > 1.0 or self.high < 1.0
+    def mde(self) -> float:
+        """Half the CI's width relative to the ratio: smaller differences are invisible."""
+        return (self.high - self.low) / 2 / self.ratio
+
+    @property
+    def enough(self) -> bool:
+        return (min(self.runs_old, self.runs_new) >= MIN_RUNS
+                and self.min_steps >= MIN_STEPS)
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "mde": self.mde}
 
 
-def ratio_of_medians(a: Sequence[float], b: Sequence[float], *, confidence: float = 0.95,
-                     resamples: int = BOOTSTRAP, seed: int = SEED) -> RatioCI:
-    """median(b)/median(a) and a percentile bootstrap CI (each sample resampled on its own).
+def _runs(runs: Runs, side: str) -> list[np.ndarray]:
+    arrays = [np.asarray(r, np.float64) for r in runs if len(r)]
+    if not arrays:
+        raise ValueError(f"no timing samples on the {side} side")
+    return arrays
 
-    Deterministic for a given seed, so a report regenerated from the same results is the
-    same report.
+
+def _resampled_medians(runs: list[np.ndarray], picks: np.ndarray,
+                       rng: np.random.Generator) -> np.ndarray:
+    """For each row of `picks` (run indices drawn with replacement): the median of the
+    picked runs pooled, each run's steps redrawn with replacement."""
+    resamples = len(picks)
+    if len({len(r) for r in runs}) == 1:  # equal run lengths: all resamples at once
+        steps = np.stack(runs)  # runs x steps
+        redrawn = rng.integers(0, steps.shape[1], (resamples, *picks.shape[1:], steps.shape[1]))
+        values = steps[picks[..., None], redrawn]  # resamples x picked runs x steps
+        return np.median(values.reshape(resamples, -1), axis=1)
+    return np.array([np.median(np.concatenate([rng.choice(runs[i], len(runs[i]))
+                                               for i in row])) for row in picks])
+
+
+def compare(old: Runs, new: Runs, *, paired: bool = False, seed: int = SEED,
+            resamples: int = RESAMPLES) -> Comparison:
+    """median(new)/median(old) with a two-level (runs, then steps) bootstrap CI.
+
+    `paired`: run i of `old` ran next to run i of `new` (interleaved rounds); needs the same
+    number of runs on both sides and resamples them together.
     """
-    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if len(a64) < 2 or len(b64) < 2:
-        raise ValueError("a ratio CI needs at least 2 samples on each side")
+    old_runs, new_runs = _runs(old, "old"), _runs(new, "new")
+    if paired and len(old_runs) != len(new_runs):
+        raise ValueError(f"paired comparison needs equal runs, got {len(old_runs)} and "
+                         f"{len(new_runs)}")
     rng = np.random.default_rng(seed)
-    med_a = np.median(rng.choice(a64, (resamples, len(a64))), axis=1)
-    med_b = np.median(rng.choice(b64, (resamples, len(b64))), axis=1)
-    ratios = med_b / med_a
-    tail = (1.0 - confidence) / 2 * 100
-    return RatioCI(float(np.median(b64) / np.median(a64)), float(np.percentile(ratios, tail)),
-                   float(np.percentile(ratios, 100 - tail)), confidence)
+    picks_old = rng.integers(0, len(old_runs), (resamples, len(old_runs)))
+    picks_new = (picks_old if paired
+                 else rng.integers(0, len(new_runs), (resamples, len(new_runs))))
+    ratios = (_resampled_medians(new_runs, picks_new, rng)
+              / _resampled_medians(old_runs, picks_old, rng))
+    tail = (1 - CONFIDENCE) / 2 * 100
+    ratio = float(np.median(np.concatenate(new_runs)) / np.median(np.concatenate(old_runs)))
+    return Comparison(ratio=ratio, low=float(np.percentile(ratios, tail)),
+                      high=float(np.percentile(ratios, 100 - tail)),
+                      runs_old=len(old_runs), runs_new=len(new_runs),
+                      min_steps=min(len(r) for r in [*old_runs, *new_runs]), paired=paired)
+
+
+def verdict(c: Comparison, min_effect: float = MIN_EFFECT) -> str:
+    """"slower", "faster", "no detectable difference" or "too few samples" (new vs old)."""
+    if not c.enough:
+        return TOO_FEW
+    if c.low > 1.0 and c.ratio >= 1 + min_effect:
+        return SLOWER
+    if c.high < 1.0 and c.ratio <= 1 - min_effect:
+        return FASTER
+    return SAME
+
+
+def is_regression(c: Comparison, threshold: float) -> bool:
+    """A slowdown of at least `threshold` that is beyond noise (the nightly rule)."""
+    return verdict(c, threshold) == SLOWER
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MedianCI:
+    """A cell's median over runs and its run-level CI (None below MIN_RUNS runs)."""
+
+    median: float
+    """Median of the per-run medians."""
+    low: float | None
+    high: float | None
+    runs: int
+
+
+def median_ci(runs: Runs, seed: int = SEED) -> MedianCI:
+    """Median of the per-run medians with a percentile bootstrap CI over runs."""
+    from scipy import stats as scipy_stats
+
+    medians = np.array([np.median(r) for r in _runs(runs, "measured")])
+    center = float(np.median(medians))
+    if len(medians) < MIN_RUNS or np.ptp(medians) == 0:
+        return MedianCI(median=center, low=None if len(medians) < MIN_RUNS else center,
+                        high=None if len(medians) < MIN_RUNS else center, runs=len(medians))
+    result = scipy_stats.bootstrap((medians,), np.median, confidence_level=CONFIDENCE,
+                                   n_resamples=RESAMPLES, method="percentile",
+                                   random_state=np.random.default_rng(seed))
+    interval = result.confidence_interval
+    return MedianCI(median=center, low=float(interval.low), high=float(interval.high),
+                    runs=len(medians))
+
+
+def cv(samples: Sequence[float]) -> float:
+    """Sample standard deviation / mean (0 for fewer than 2 samples)."""
+    array = np.asarray(samples, np.float64)
+    if len(array) < 2 or not array.mean():
+        return 0.0
+    return float(array.std(ddof=1) / array.mean())
+
+
+def warnings(runs: Runs) -> list[str]:
+    """Instability warnings for one cell's runs (empty when stable)."""
+    found = []
+    arrays = _runs(runs, "measured")
+    worst = max(cv(r) for r in arrays)
+    if worst > MAX_CV:
+        found.append(f"unstable steps: CV {worst:.0%} > {MAX_CV:.0%} in a run")
+    medians = np.array([np.median(r) for r in arrays])
+    if len(medians) > 1:
+        spread = float(np.ptp(medians) / np.median(medians))
+        if spread > MAX_RUN_SPREAD:
+            found.append(f"runs disagree: medians {medians.min():.3g}-{medians.max():.3g} ms "
+                         f"({spread:.0%} spread > {MAX_RUN_SPREAD:.0%})")
+    return found

@@ -69,19 +69,37 @@ def setup(df: pd.DataFrame) -> str:
     return markdown(["setup", "value"], rows)
 
 
-def _speedup(df: pd.DataFrame, row, other_arm: str) -> tuple[str, str]:
-    """(median(other)/median(arm) as "1.23x", noise verdict) for the same shape."""
-    same = df[(df["arm"] == other_arm)]
+def _same_shape(df: pd.DataFrame, row, arm: str) -> pd.DataFrame:
+    same = df[df["arm"] == arm]
     for col in SHAPE:
         same = same[same[col] == row[col]]
-    if same.empty or row["arm"] == other_arm:
-        return ("1.00x" if row["arm"] == other_arm else "-"), ""
+    return same
+
+
+ARM_VIEW = {stats.SLOWER: "faster", stats.FASTER: "slower", stats.SAME: "within noise",
+            stats.TOO_FEW: "too few samples"}
+"""stats.verdict of (old = the arm, new = the other arm), said from the arm's side."""
+
+
+def _speedup(df: pd.DataFrame, row, other_arm: str) -> tuple[str, str]:
+    """(median(other)/median(arm) as "1.23x [CI]", verdict) for the same shape, by the one
+    statistics rule (reports.stats); rounds that ran interleaved are compared as pairs."""
+    if row["arm"] == other_arm:
+        return "1.00x", ""
+    same = _same_shape(df, row, other_arm)
+    if same.empty:
+        return "-", ""
     other = same.iloc[0]
-    if len(other["step_ms"]) < 2 or len(row["step_ms"]) < 2:
-        return f"{other['median_ms'] / row['median_ms']:.2f}x", "?"
-    ci = stats.ratio_of_medians(row["step_ms"], other["step_ms"])
-    verdict = "within noise" if not ci.excludes_one else "significant"
-    return f"{ci.ratio:.2f}x [{ci.low:.2f}, {ci.high:.2f}]", verdict
+    paired = other["round_ids"] and [i[1] for i in other["round_ids"]] == [
+        i[1] for i in row["round_ids"]] and other["run_id"] == row["run_id"]
+    c = stats.compare(row["runs"], other["runs"], paired=bool(paired))
+    return f"{c.ratio:.2f}x [{c.low:.2f}, {c.high:.2f}]", ARM_VIEW[stats.verdict(c)]
+
+
+def _median_ci(r) -> str:
+    if r["median_low"] is None or pd.isna(r["median_low"]):
+        return _f(r["median_ms"])
+    return f"{r['median_ms']:.1f} [{r['median_low']:.1f}, {r['median_high']:.1f}]"
 
 
 def timing(df: pd.DataFrame, baseline_arm: str) -> str:
@@ -89,12 +107,40 @@ def timing(df: pd.DataFrame, baseline_arm: str) -> str:
     for _, r in ok(df).iterrows():
         vs_base, base_noise = _speedup(ok(df), r, baseline_arm)
         vs_native, _ = _speedup(ok(df), r, NATIVE)
-        rows.append((shape_label(r), r["arm"], _f(r["median_ms"]), _f(r["mean_ms"]),
+        rows.append((shape_label(r), r["arm"], r["rounds"], _median_ci(r), _f(r["mean_ms"]),
                      _f(r["max_ms"]), _f(r["tokens_per_s"], ".0f"), vs_base, base_noise,
                      vs_native))
-    return markdown(["shape", "arm", "median ms", "mean ms", "max ms", "tok/s",
-                     f"speedup vs {baseline_arm} [95% CI]", "vs baseline", "speedup vs native"],
-                    rows)
+    return markdown(["shape", "arm", "rounds", "median ms [95% CI over rounds]", "mean ms",
+                     "max ms", "tok/s", f"speedup vs {baseline_arm} [95% CI]", "vs baseline",
+                     "speedup vs native"], rows)
+
+
+def _gflop(value) -> str:
+    return _f(None if value is None or pd.isna(value) else value / 1e9, ".4g")
+
+
+def cost(df: pd.DataFrame) -> str:
+    """Model FLOPs (one formula for every arm), compiled FLOPs and bytes (XLA, loop-aware)."""
+    rows = []
+    for _, r in ok(df).iterrows():
+        model, compiled = r["model_flops_per_step"], r["compiled_flops_per_step"]
+        ratio = (f"{compiled * r['device_count'] / model:.2f}"
+                 if model and compiled and not pd.isna(compiled) and r["device_count"]
+                 else "-")
+        rows.append((shape_label(r), r["arm"], _gflop(model), _gflop(compiled), ratio,
+                     _bytes(r["bytes_accessed_per_step"]),
+                     _f(None if r["model_flops_per_s"] is None
+                        else r["model_flops_per_s"] / 1e12, ".4f"),
+                     _f(r["mfu"], ".1%", "- (peak unknown)"),
+                     _f(r["executions_per_step"], ".0f"), _f(r["compiles"], ".0f")))
+    unavailable = [f"- {shape_label(r)} {r['arm']}: {r['cost_unavailable']}"
+                   for _, r in ok(df).iterrows() if r["cost_unavailable"]]
+    text = markdown(["shape", "arm", "model GFLOP/step", "compiled GFLOP/step per device",
+                     "compiled x devices / model", "bytes accessed/step", "model TFLOP/s", "MFU",
+                     "executions/step", "compiles"], rows)
+    if unavailable:
+        text += "\n\nCompiled cost unavailable:\n" + "\n".join(unavailable)
+    return text
 
 
 def memory(df: pd.DataFrame, baseline_arm: str) -> str:
@@ -153,16 +199,19 @@ def traced(df: pd.DataFrame) -> str:
 
 def noise(df: pd.DataFrame, baseline_arm: str) -> str:
     frame = ok(df)
-    rows = [(shape_label(r), r["arm"], _f(r["cv"], ".3f"), len(r["step_ms"]))
-            for _, r in frame.iterrows()]
+    rows = [(shape_label(r), r["arm"], r["rounds"], _f(r["cv"], ".3f"), len(r["step_ms"]),
+             "; ".join(r["warnings"]) or "-") for _, r in frame.iterrows()]
     within = []
     for _, r in frame.iterrows():
         ratio, verdict = _speedup(frame, r, baseline_arm)
-        if verdict == "within noise":
-            within.append(f"- {shape_label(r)}: {r['arm']} vs {baseline_arm} {ratio} "
-                          "(the 95% CI includes 1.00x)")
-    text = markdown(["shape", "arm", "CV (stdev/mean)", "timed steps"], rows)
-    text += "\n\nDifferences within noise:\n" + ("\n".join(within) if within else "- none")
+        if verdict in ("within noise", "too few samples"):
+            within.append(f"- {shape_label(r)}: {r['arm']} vs {baseline_arm} {ratio}: "
+                          f"{verdict}")
+    text = markdown(["shape", "arm", "rounds", "worst CV in a round", "timed steps",
+                     "instability"], rows)
+    text += ("\n\nNo verdict (CI includes 1.00x, the difference is under "
+             f"{stats.MIN_EFFECT:.0%}, or fewer than {stats.MIN_RUNS} rounds of "
+             f"{stats.MIN_STEPS}+ steps):\n" + ("\n".join(within) if within else "- none"))
     recompiled = [f"- {shape_label(r)}: {r['arm']} compiled {r['recompiles']:.0f} more time(s)"
                   for _, r in frame.iterrows() if r["recompiles"]]
     text += ("\n\nCells that compiled after warmup (their timings include compilation; a "

@@ -59,6 +59,29 @@ if os.environ.get("PARITY_TEST_SLOWDOWN"):
     _slow_down(NativeArm, float(os.environ["PARITY_TEST_SLOWDOWN"]))
 
 
+def _plant_extra_param_pass():
+    """Makes the native step do one more param-sized elementwise pass after its update
+    (p + 1e-30 * sin(p): the values round back to p, the compiled cost grows)."""
+    import jax
+    import jax.numpy as jnp
+
+    from arms import native
+
+    original = native.native_step
+
+    def native_step(*args):
+        params, rest, opt_state, loss = original(*args)
+        params = jax.tree.map(lambda p: p + jnp.asarray(1e-30, p.dtype) * jnp.sin(p), params)
+        return params, rest, opt_state, loss
+
+    native.native_step = native_step
+
+
+# PARITY_TEST_EXTRA_PASS=1 plants that cost change: the compare test's cost regression.
+if os.environ.get("PARITY_TEST_EXTRA_PASS"):
+    _plant_extra_param_pass()
+
+
 class _DiesOnProcessOne(NativeArm):
     """Process 1 of a multi-process cell dies mid-step; process 0 must not hang."""
 

@@ -1,4 +1,4 @@
-"""The typed record: round trip, upgrade of schema 1, and errors that name the field."""
+"""The typed record: round trip, upgrade of schemas 1 and 2, and errors that name the field."""
 
 import json
 from pathlib import Path
@@ -23,7 +23,10 @@ def test_schema_1_upgrades_and_round_trips_through_the_current_schema():
         assert record.environment.backend == raw["fingerprint"]["backend"]
         if record.ok:
             assert record.timing.stats.median_ms == raw["timing"]["summary"]["median_ms"]
-            assert record.cost.flops_per_step == raw["flops"]["per_step"]
+            # XLA's schema-1/2 count was not loop-aware: dropped, never carried over low.
+            assert record.cost.compiled_flops_per_step is None
+            assert record.cost.calls_per_step == raw["flops"]["calls_per_step"]
+            assert all("not loop-aware" in why for why in record.cost.unavailable.values())
             assert record.parity.data_digest == raw["parity"]["data_fingerprint"]
         again = Record.from_json(json.loads(json.dumps(record.to_json())))
         assert again == record
@@ -39,10 +42,27 @@ def test_a_cell_spec_with_ragged_counts_is_a_valid_spec_section():
     (lambda r: r["timing"]["stats"].update(cv="high"), "field 'timing.stats.cv': expected float"),
     (lambda r: r["run"].update(steps=True), "field 'run.steps': expected int"),
     (lambda r: r.update(colour="red"), "unknown field 'colour'"),
-    (lambda r: r.update(schema=99), "schema 99, this version reads 1-2"),
+    (lambda r: r.update(schema=99), "schema 99, this version reads 1-3"),
 ])
 def test_a_bad_record_names_where_and_the_field(change, message):
     raw = Record.from_json(_v1_lines()[0]).to_json()
     change(raw)
     with pytest.raises(RecordError, match=rf"r.jsonl:7: .*{message}"):
         Record.from_json(raw, "r.jsonl:7")
+
+
+def test_schema_2_moves_the_ab_round_to_the_record():
+    raw = Record.from_json(_v1_lines()[0]).to_json()
+    raw.update(schema=2, round=None, ab={"side": "B", "sha": "f" * 40, "round": 3})
+    del raw["round"]
+    cost = raw["cost"]
+    raw["cost"] = {"flops_per_step": 5.0, "flops_per_s": 1.0, "mfu_vs_bf16_peak": None,
+                   "flops_per_executable": {"step": 5.0}, "calls_per_step": {"step": 1},
+                   "bytes_accessed_per_step": 7.0,
+                   "bytes_accessed_per_executable": {"step": 7.0}}
+    assert cost is not None
+    record = Record.from_json(raw)
+    assert record.round == 3 and record.ab.side == "B"
+    assert record.cost.compiled_flops_per_step is None
+    assert record.cost.bytes_accessed_per_step is None
+    assert record.cost.unavailable == {"step": "schema-2 record: XLA's count was not loop-aware"}

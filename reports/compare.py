@@ -1,0 +1,184 @@
+"""Two sets of records, cell by cell: the timing verdict and the exact cost-metric diff.
+
+`parity compare OLD NEW`, `parity ab` and `parity nightly` all compare this way. A cell is the
+records sharing `Record.cell_key()` (arm, work, run options, comparable environment): its
+runs are the processes that measured it (interleaved rounds, or separate runs). Timings go
+through the one statistics rule (`reports.stats`); cost metrics are compared exactly
+(`reports.costs`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from reports import costs, stats
+from reports.record import Record, cell_name
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """The records of one cell key, in (run, round) order."""
+
+    key: tuple
+    records: list[Record]
+
+    @property
+    def name(self) -> str:
+        return cell_name(self.records[0].arm, self.records[0].spec)
+
+    @property
+    def ok(self) -> list[Record]:
+        return [r for r in self.records if r.ok]
+
+    @property
+    def runs(self) -> list[list[float]]:
+        """Per-step times of every run that finished."""
+        return [r.timing.step_ms for r in self.ok]
+
+    @property
+    def median_ms(self) -> float | None:
+        pooled = sorted(x for run in self.runs for x in run)
+        if not pooled:
+            return None
+        mid = len(pooled) // 2
+        return pooled[mid] if len(pooled) % 2 else (pooled[mid - 1] + pooled[mid]) / 2
+
+
+def cells(records: Sequence[Record]) -> list[Cell]:
+    """Records grouped by cell key, in order of first appearance."""
+    groups: dict[tuple, list[Record]] = {}
+    for record in records:
+        groups.setdefault(record.cell_key(), []).append(record)
+    return [Cell(key, sorted(group, key=lambda r: (r.run_id or "", r.round)))
+            for key, group in groups.items()]
+
+
+FAILED, ONLY_OLD, ONLY_NEW = "failed", "only in old", "only in new"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CellComparison:
+    """One cell of OLD against the same cell of NEW."""
+
+    name: str
+    old: Cell | None
+    new: Cell | None
+    timing: stats.Comparison | None
+    verdict: str
+    """stats.verdict of the timings, or failed / only in old / only in new."""
+    cost_changes: list[costs.CostChange]
+    warnings: list[str]
+
+    def to_json(self) -> dict:
+        return {
+            "cell": self.name, "verdict": self.verdict,
+            "old_median_ms": self.old and self.old.median_ms,
+            "new_median_ms": self.new and self.new.median_ms,
+            "old_runs": len(self.old.ok) if self.old else 0,
+            "new_runs": len(self.new.ok) if self.new else 0,
+            "timing": self.timing.to_json() if self.timing else None,
+            "cost_changes": [c.to_json() for c in self.cost_changes],
+            "warnings": self.warnings,
+        }
+
+
+def compare_cells(old: Cell, new: Cell, *, paired: bool = False,
+                  min_effect: float = stats.MIN_EFFECT) -> CellComparison:
+    warnings = [f"{side}: {w}" for side, cell in (("old", old), ("new", new))
+                for w in ([*stats.warnings(cell.runs), *costs.nondeterministic(cell.ok)]
+                          if cell.runs else [])]
+    failed = [f"{side}: {r.error.reason}: {r.error.message}"
+              for side, cell in (("old", old), ("new", new))
+              for r in cell.records if not r.ok]
+    if not old.runs or not new.runs:
+        return CellComparison(name=new.name, old=old, new=new, timing=None, verdict=FAILED,
+                              cost_changes=[], warnings=failed + warnings)
+    pair = paired and len(old.runs) == len(new.runs)
+    timing = stats.compare(old.runs, new.runs, paired=pair)
+    return CellComparison(name=new.name, old=old, new=new, timing=timing,
+                          verdict=stats.verdict(timing, min_effect),
+                          cost_changes=costs.changes(old.ok, new.ok),
+                          warnings=failed + warnings)
+
+
+def compare_sets(old: Sequence[Record], new: Sequence[Record], *, paired: bool = False,
+                 min_effect: float = stats.MIN_EFFECT) -> list[CellComparison]:
+    """Every cell of either set: compared where both have it, else listed as only in one.
+
+    Cells match on `Record.cell_key()`, so records of other versions, backends, devices or
+    XLA flags are never compared (they show as only in one set).
+    """
+    old_cells = {c.key: c for c in cells(old)}
+    rows = []
+    for cell in cells(new):
+        match = old_cells.pop(cell.key, None)
+        if match is None:
+            rows.append(CellComparison(name=cell.name, old=None, new=cell, timing=None,
+                                       verdict=ONLY_NEW, cost_changes=[], warnings=[]))
+        else:
+            rows.append(compare_cells(match, cell, paired=paired, min_effect=min_effect))
+    rows += [CellComparison(name=c.name, old=c, new=None, timing=None, verdict=ONLY_OLD,
+                            cost_changes=[], warnings=[]) for c in old_cells.values()]
+    return rows
+
+
+def regressions(rows: Sequence[CellComparison], *,
+                cost_threshold: float = 0.0) -> list[str]:
+    """Why `--fail-on-regression` fails: timing regressions beyond noise, cost increases
+    beyond `cost_threshold` (relative) and failed cells."""
+    found = []
+    for row in rows:
+        if row.verdict == stats.SLOWER:
+            found.append(f"{row.name}: slower, {row.timing.ratio:.3f}x "
+                         f"[{row.timing.low:.3f}, {row.timing.high:.3f}]")
+        elif row.verdict == FAILED:
+            found.append(f"{row.name}: failed")
+        found += [f"{row.name}: cost {c.text()}"
+                  for c in costs.increases(row.cost_changes, cost_threshold)]
+    return found
+
+
+def _fmt(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def markdown(rows: Sequence[CellComparison], *, old_label: str = "old",
+             new_label: str = "new", min_effect: float = stats.MIN_EFFECT) -> str:
+    """The comparison table, then every cost change and warning."""
+    lines = [
+        f"Ratio = median {new_label} / median {old_label} (above 1.00: {new_label} is "
+        f"slower), 95% CI from a bootstrap over runs then steps; a verdict needs the CI to "
+        f"exclude 1.00, a difference of at least {min_effect:.0%} and at least "
+        f"{stats.MIN_RUNS} runs of {stats.MIN_STEPS}+ steps a side. MDE = the smallest "
+        "relative difference these samples can detect. Cost metrics are compared exactly.",
+        "",
+        f"| cell | {old_label} median ms | {new_label} median ms | runs | ratio [95% CI] "
+        "| verdict | MDE | cost changes |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        t = row.timing
+        ratio = f"{t.ratio:.3f} [{t.low:.3f}, {t.high:.3f}]" if t else "-"
+        runs = f"{len(row.old.ok) if row.old else 0} / {len(row.new.ok) if row.new else 0}"
+        changed = ", ".join(c.metric for c in row.cost_changes) or "none"
+        lines.append(f"| {row.name} | {_fmt(row.old and row.old.median_ms)} | "
+                     f"{_fmt(row.new and row.new.median_ms)} | {runs} | {ratio} | "
+                     f"{row.verdict} | {_fmt(t and t.mde, '.1%')} | {changed} |")
+    flagged = sum(r.verdict in (stats.SLOWER, stats.FASTER) for r in rows)
+    changed_cells = sum(bool(r.cost_changes) for r in rows)
+    lines += ["", f"{flagged} of {len(rows)} cells differ in time beyond noise; "
+                  f"{changed_cells} changed in cost."]
+    details = [f"- {row.name}: {c.text()}" for row in rows for c in row.cost_changes]
+    if details:
+        lines += ["", "Cost changes (exact; old -> new):", *details]
+    warned = [f"- {row.name}: {w}" for row in rows for w in row.warnings]
+    if warned:
+        lines += ["", "Warnings:", *warned]
+    return "\n".join(lines) + "\n"
+
+
+def to_json(rows: Sequence[CellComparison]) -> dict:
+    return {"cells": [row.to_json() for row in rows],
+            "rule": {"confidence": stats.CONFIDENCE, "min_runs": stats.MIN_RUNS,
+                     "min_steps": stats.MIN_STEPS}}

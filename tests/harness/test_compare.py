@@ -1,0 +1,96 @@
+"""`parity run --rounds` and `parity compare` end to end on real runs.
+
+The planted change is a cost change (one more param-sized pass in the native step), so the
+verdict comes from the exact cost metrics: no timing (a single short round a side) is needed,
+and nothing here depends on how loaded the machine is.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import results
+from harness.runner import schedule
+from harness.worker import CellRun
+
+REPO = Path(__file__).resolve().parents[2]
+CELL = ["--arms", "native", "--preset", "tiny", "--seq", "16", "--batch", "4", "--ga", "1",
+        "--steps", "3", "--warmup", "1", "--plugin", "tests.harness.fault_arms"]
+
+
+def _parity(*args, **env):
+    full_env = dict(os.environ, PYTHONPATH=str(REPO), **env)
+    full_env.pop("XLA_FLAGS", None)
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], env=full_env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_rounds_interleave_and_only_the_first_traces_and_checks_parity():
+    cells = [CellRun(arm=arm, spec={}, trace=True) for arm in "ABC"]
+    order = schedule(cells, 3)
+    assert [(r, c.arm) for r, _, c in order] == [
+        (0, "A"), (0, "B"), (0, "C"), (1, "C"), (1, "B"), (1, "A"), (2, "A"), (2, "B"),
+        (2, "C")]
+    assert [(c.trace, c.parity) for r, _, c in order if r == 0] == [(True, True)] * 3
+    assert {(c.trace, c.parity) for r, _, c in order if r > 0} == {(False, False)}
+    with pytest.raises(ValueError, match="--rounds 0: give at least 1 round"):
+        schedule(cells, 0)
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """OLD: native, 2 rounds; NEW: the same with one more param-sized elementwise pass."""
+    root = tmp_path_factory.mktemp("compare")
+    old = _parity("run", *CELL, "--rounds", "2", "--out", str(root / "old"))
+    assert old.returncode == 0, old.stderr
+    new = _parity("run", *CELL, "--out", str(root / "new"), PARITY_TEST_EXTRA_PASS="1")
+    assert new.returncode == 0, new.stderr
+    return root / "old", root / "new"
+
+
+def test_a_run_with_rounds_records_each_round(two_runs):
+    old, _ = two_runs
+    records = results.read_dir(old)
+    assert [r.round for r in records] == [0, 1]
+    assert records[0].parity is not None and records[1].parity is None
+    assert len({r.run_id for r in records}) == 1
+    # The noise-free metrics are the same in both processes: they can be compared exactly.
+    for metric in ("compiled_flops_per_step", "bytes_accessed_per_step"):
+        assert getattr(records[0].cost, metric) == getattr(records[1].cost, metric) > 0
+    assert records[0].memory.planned_bytes == records[1].memory.planned_bytes
+    assert records[0].timing.compiles == records[1].timing.compiles >= 1
+
+
+def test_compare_flags_a_planted_cost_change_without_timing_samples(two_runs):
+    old, new = two_runs
+    proc = _parity("compare", str(old), str(new))
+    assert proc.returncode == 0, proc.stderr  # report only, without --fail-on-regression
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("| native"))
+    assert "| too few samples |" in row  # 2 and 1 runs: no timing verdict ...
+    assert "| compiled_flops_per_step |" in row  # ... but the cost change is flagged
+    assert "compiled_flops_per_step: " in proc.stdout and " -> " in proc.stdout
+
+    failing = _parity("compare", str(old), str(new), "--fail-on-regression")
+    assert failing.returncode == 1
+    assert "cost compiled_flops_per_step" in failing.stderr
+
+    data = json.loads(_parity("compare", str(old), str(new), "--json").stdout)
+    (cell,) = data["cells"]
+    # XLA fuses the planted pass into the update's output fusion: it adds FLOPs, not bytes.
+    (change,) = cell["cost_changes"]
+    assert change["metric"] == "compiled_flops_per_step" and change["new"] > change["old"] > 0
+    assert change["relative"] > 0
+    assert cell["verdict"] == "too few samples" and cell["old_runs"] == 2
+
+
+def test_compare_of_a_run_with_itself_is_clean_and_bad_input_exits_2(two_runs, tmp_path):
+    old, _ = two_runs
+    same = _parity("compare", str(old), str(old), "--fail-on-regression")
+    assert same.returncode == 0, same.stderr
+    assert "0 changed in cost" in same.stdout
+    missing = _parity("compare", str(old), str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "no such results directory" in missing.stderr
