@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: parity test lint clean
+.PHONY: parity test test-slow lint clean
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -n "$(PY)" || { echo "make: Python 3.12 not found; install it (e.g. 'pyenv install \
@@ -32,6 +32,11 @@ parity: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -m "not slow" --durations=15
+
+# The end-to-end tests marked slow (multi-process runs, nightly and A/B from git refs): CI
+# runs them after `make test`.
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow --durations=10
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

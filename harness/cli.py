@@ -326,9 +326,11 @@ class AB(Command):
                    "costs more (unless --no-fail), 2 on bad input. `parity ab HEAD HEAD` "
                    "measures the noise floor.")
     ROUNDS = 5
-    STEPS = 60
-    """CPU defaults chosen from A/A runs on a 2-core machine: the MDE is set by how much a
-    process's median moves between processes, so rounds buy more than steps do."""
+    STEPS = 30
+    """Defaults chosen from A/A runs on a 2-core CPU VM: there the MDE is set by how far a
+    whole process's median moves from the next process's (a log-SD of 6-15% between adjacent
+    processes of the same code, against a 2-3% standard error of one process's median over
+    30 steps), so rounds buy more than steps do."""
 
     @classmethod
     def setup(cls, parser):

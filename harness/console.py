@@ -24,7 +24,7 @@ def _executions(record: Record) -> int:
 
 
 def cell_line(record: Record) -> str:
-    name = cell_name(record.arm, record.spec)
+    name = cell_name(record.arm, record.spec) + (f" round {record.round}" if record.round else "")
     if not record.ok:
         return f"FAILED {name}: {record.error.reason}: {record.error.message}"
     t, p = record.timing, record.parity

@@ -90,9 +90,9 @@ def _speedup(df: pd.DataFrame, row, other_arm: str) -> tuple[str, str]:
     if same.empty:
         return "-", ""
     other = same.iloc[0]
-    paired = other["round_ids"] and [i[1] for i in other["round_ids"]] == [
-        i[1] for i in row["round_ids"]] and other["run_id"] == row["run_id"]
-    c = stats.compare(row["runs"], other["runs"], paired=bool(paired))
+    # Rounds of one run ran interleaved (this arm's round r next to the other's): pairs.
+    paired = [run for run, _ in other["round_ids"]] == [run for run, _ in row["round_ids"]]
+    c = stats.compare(row["runs"], other["runs"], paired=paired)
     return f"{c.ratio:.2f}x [{c.low:.2f}, {c.high:.2f}]", ARM_VIEW[stats.verdict(c)]
 
 

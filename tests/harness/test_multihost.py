@@ -5,7 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from harness import results
+
+pytestmark = pytest.mark.slow  # ~1 min: several multi-process runs
 
 REPO = Path(__file__).resolve().parents[2]
 CELL = ["--preset", "tiny", "--seq", "32", "--batch", "16", "--ga", "2", "--ragged", "40,24",

@@ -74,6 +74,7 @@ def _nightly(history, **env):
                           env=_env(**env), capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_nightly_labels_a_first_run_then_flags_an_injected_3x_slowdown(tmp_path):
     first = _nightly(tmp_path)
     assert first.returncode == 0, first.stderr
@@ -111,6 +112,7 @@ def _ab(clone, *refs, extra=()):
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_ab_between_two_real_commits_flags_the_slower_one(two_commits):
     proc = _ab(two_commits, "HEAD~1", "HEAD")
     assert proc.returncode == 1, proc.stdout + proc.stderr  # B is slower: exit 1
