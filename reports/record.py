@@ -231,7 +231,10 @@ class Environment:
     varies; python and host are informational)."""
 
     def comparable_key(self) -> tuple:
-        return tuple(repr(getattr(self, k)) for k in self.COMPARABLE)
+        """The COMPARABLE values as canonical JSON (dict key order never matters)."""
+        import json
+
+        return tuple(json.dumps(getattr(self, k), sort_keys=True) for k in self.COMPARABLE)
 
 
 @_section

@@ -66,3 +66,15 @@ def test_schema_2_moves_the_ab_round_to_the_record():
     assert record.cost.compiled_flops_per_step is None
     assert record.cost.bytes_accessed_per_step is None
     assert record.cost.unavailable == {"step": "schema-2 record: XLA's count was not loop-aware"}
+
+
+def test_cell_key_ignores_dict_order_and_the_git_sha():
+    raw = Record.from_json(_v1_lines()[0]).to_json()
+    record = Record.from_json(raw)
+    other = Record.from_json(json.loads(json.dumps(raw)))
+    other.environment.versions = dict(reversed(other.environment.versions.items()))
+    other.environment.git_sha = "0" * 40
+    assert list(other.environment.versions) != list(record.environment.versions)
+    assert other.cell_key() == record.cell_key()
+    other.environment.versions["jax"] = "0.0.1"
+    assert other.cell_key() != record.cell_key()
