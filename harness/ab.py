@@ -72,9 +72,9 @@ def run_ab(ref_a: str, ref_b: str, cells: Sequence[CellRun], out_dir: Path, *,
     """Runs each cell from both refs, `rounds` times, A and B back to back (A B in even
     rounds, B A in odd ones) so machine drift hits both sides of a round alike; the rounds
     are then compared as pairs. Records go to out_dir/<ab id>-A.jsonl and -B.jsonl."""
-    if rounds < stats.MIN_RUNS:
-        raise ValueError(f"--rounds {rounds}: A/B needs at least {stats.MIN_RUNS} rounds "
-                         "for a verdict")
+    if rounds < stats.MIN_PAIRS:
+        raise ValueError(f"--rounds {rounds}: A/B needs at least {stats.MIN_PAIRS} rounds "
+                         "(fewer interleaved pairs cannot reach 95% confidence)")
     shas = {"A": resolve_ref(ref_a, repo), "B": resolve_ref(ref_b, repo)}
     ab_id = new_run_id("ab-")
     records: dict[str, list[Record]] = {"A": [], "B": []}

@@ -302,12 +302,15 @@ class Nightly(Command):
                             help="relative slowdown that counts (default: suite's, else 0.05)")
         parser.add_argument("--report", type=Path, help="where nightly.md and plots go")
 
+    ROUNDS = 4
+    """Default rounds a night: 4 new runs against 4+ history runs is the smallest unpaired
+    sample whose CI can reach 95% (reports.stats.luck_bound)."""
+
     @classmethod
     def run(cls, args):
         from harness import nightly
-        from reports import stats
 
-        grid = Grid(args, args.history, defaults={"rounds": stats.MIN_RUNS})
+        grid = Grid(args, args.history, defaults={"rounds": cls.ROUNDS})
         threshold = args.threshold or grid.options.get("regression_threshold", 0.05)
         _, records = grid.run()
         code, text = nightly.evaluate(records, args.history, threshold=threshold,
@@ -325,12 +328,13 @@ class AB(Command):
                    "change in the exact cost metrics. Exit 1 when B is slower beyond noise or "
                    "costs more (unless --no-fail), 2 on bad input. `parity ab HEAD HEAD` "
                    "measures the noise floor.")
-    ROUNDS = 5
-    STEPS = 30
-    """Defaults chosen from A/A runs on a 2-core CPU VM: there the MDE is set by how far a
-    whole process's median moves from the next process's (a log-SD of 6-15% between adjacent
+    ROUNDS = 6
+    STEPS = 20
+    """Defaults: 6 rounds, the fewest interleaved pairs whose CI can reach 95%
+    (reports.stats.MIN_PAIRS). On a 2-core CPU VM the MDE is set by how far a whole
+    process's median moves from the next process's (a log-SD of 6-15% between adjacent
     processes of the same code, against a 2-3% standard error of one process's median over
-    30 steps), so rounds buy more than steps do."""
+    20-30 steps), so rounds buy more than steps do."""
 
     @classmethod
     def setup(cls, parser):

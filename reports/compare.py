@@ -149,8 +149,9 @@ def markdown(rows: Sequence[CellComparison], *, old_label: str = "old",
     lines = [
         f"Ratio = median {new_label} / median {old_label} (above 1.00: {new_label} is "
         f"slower), 95% CI from a bootstrap over runs then steps; a verdict needs the CI to "
-        f"exclude 1.00, a difference of at least {min_effect:.0%} and at least "
-        f"{stats.MIN_RUNS} runs of {stats.MIN_STEPS}+ steps a side. MDE = the smallest "
+        f"exclude 1.00, a difference of at least {min_effect:.0%}, {stats.MIN_STEPS}+ steps "
+        "a run and enough runs for 95% to be reachable at all (6+ interleaved pairs, or "
+        "e.g. 4 + 4 independent runs; else 'too few samples'). MDE = the smallest "
         "relative difference these samples can detect. Cost metrics are compared exactly.",
         "",
         f"| cell | {old_label} median ms | {new_label} median ms | runs | ratio [95% CI] "
@@ -180,5 +181,5 @@ def markdown(rows: Sequence[CellComparison], *, old_label: str = "old",
 
 def to_json(rows: Sequence[CellComparison]) -> dict:
     return {"cells": [row.to_json() for row in rows],
-            "rule": {"confidence": stats.CONFIDENCE, "min_runs": stats.MIN_RUNS,
-                     "min_steps": stats.MIN_STEPS}}
+            "rule": {"confidence": stats.CONFIDENCE, "min_pairs": stats.MIN_PAIRS,
+                     "min_steps": stats.MIN_STEPS, "min_effect_default": stats.MIN_EFFECT}}

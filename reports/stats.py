@@ -12,10 +12,17 @@ code. The rule:
 - its 95% CI: a two-level bootstrap, resampling runs and then steps inside each run (scipy
   has no hierarchical resampler). Runs of two sides that ran as interleaved rounds (round r
   of A next to round r of B) are resampled *paired* (the same round indices on both sides),
-  so slow drift of the machine, which moves both sides of a round alike, cancels;
+  so slow drift of the machine, which moves both sides of a round alike, cancels. With a
+  handful of runs a plain percentile interval is too narrow (a resample of n runs has
+  sqrt((n-1)/n) of their spread, and the normal quantile ignores that the spread itself is
+  estimated from n runs): it misses far more than 5% of the time. So the interval is the
+  *expanded* percentile interval (Hesterberg, "What teachers should know about the
+  bootstrap", 2015): its tails are those of a normal at sqrt(n/(n-1)) * t(n-1) instead of z,
+  n being the fewer runs of the two sides (the pairs, when paired);
 - verdict: "slower"/"faster" only when the CI excludes 1.00 and the ratio is at least
-  `min_effect` away from 1, with at least `MIN_RUNS` runs and `MIN_STEPS` steps per run on
-  each side; fewer is "too few samples", never significant. Otherwise "no detectable
+  `min_effect` away from 1, with `MIN_STEPS`+ steps per run and enough runs that the CI
+  could reach 95% at all (`luck_bound`: 6+ interleaved pairs, or e.g. 4 + 4 independent
+  runs); fewer is "too few samples", never significant. Otherwise "no detectable
   difference";
 - MDE (minimum detectable effect): the CI's half-width relative to the ratio.
 
@@ -27,19 +34,23 @@ and `warnings` flags pyperf-style instability: a run whose steps scatter (CV abo
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
 CONFIDENCE = 0.95
-RESAMPLES = 2000
+RESAMPLES = 10_000
+"""Enough for stable tails: the expanded interval reads percentiles as far out as 0.1%."""
 SEED = 0
 """Fixed: the same samples always give the same CI, so a regenerated report is unchanged."""
 MIN_EFFECT = 0.05
 """Smallest relative difference that earns a verdict (a CI may exclude 1.00 for a 1% shift
 that is machine state rather than code)."""
 MIN_RUNS = 3
-"""Fewest runs (processes) per side for a verdict: a run-level spread needs at least 3."""
+"""Fewest runs (processes) a side for a run-level CI of one cell's median."""
+MIN_PAIRS = 6
+"""Fewest interleaved pairs of runs for a paired verdict (2^(1-6) = 3.1% <= 5%)."""
 MIN_STEPS = 5
 """Fewest timed steps per run for a verdict."""
 MAX_CV = 0.10
@@ -77,7 +88,8 @@ class Comparison:
 
     @property
     def enough(self) -> bool:
-        return (min(self.runs_old, self.runs_new) >= MIN_RUNS
+        """Could these samples reach the confidence at all? See `luck_bound`."""
+        return (luck_bound(self.runs_old, self.runs_new, self.paired) <= 1 - CONFIDENCE
                 and self.min_steps >= MIN_STEPS)
 
     def to_json(self) -> dict:
@@ -110,24 +122,49 @@ def compare(old: Runs, new: Runs, *, paired: bool = False, seed: int = SEED,
     """median(new)/median(old) with a two-level (runs, then steps) bootstrap CI.
 
     `paired`: run i of `old` ran next to run i of `new` (interleaved rounds); needs the same
-    number of runs on both sides and resamples them together.
+    number of runs on both sides and resamples them together. Too few pairs to ever reach the
+    confidence (`luck_bound`) are resampled as independent runs instead, which may.
     """
     old_runs, new_runs = _runs(old, "old"), _runs(new, "new")
     if paired and len(old_runs) != len(new_runs):
         raise ValueError(f"paired comparison needs equal runs, got {len(old_runs)} and "
                          f"{len(new_runs)}")
+    paired = paired and (luck_bound(len(old_runs), len(new_runs), True) <= 1 - CONFIDENCE)
     rng = np.random.default_rng(seed)
     picks_old = rng.integers(0, len(old_runs), (resamples, len(old_runs)))
     picks_new = (picks_old if paired
                  else rng.integers(0, len(new_runs), (resamples, len(new_runs))))
     ratios = (_resampled_medians(new_runs, picks_new, rng)
               / _resampled_medians(old_runs, picks_old, rng))
-    tail = (1 - CONFIDENCE) / 2 * 100
+    tail = expanded_tail(min(len(old_runs), len(new_runs))) * 100
     ratio = float(np.median(np.concatenate(new_runs)) / np.median(np.concatenate(old_runs)))
     return Comparison(ratio=ratio, low=float(np.percentile(ratios, tail)),
                       high=float(np.percentile(ratios, 100 - tail)),
                       runs_old=len(old_runs), runs_new=len(new_runs),
                       min_steps=min(len(r) for r in [*old_runs, *new_runs]), paired=paired)
+
+
+def luck_bound(runs_old: int, runs_new: int, paired: bool) -> float:
+    """The chance that identical code puts every run of one side beyond every run of the
+    other by luck alone: 2^(1-n) for n interleaved pairs all on one side, 2 / C(a+b, a) for
+    independent runs. No resampling of runs can be more confident than this, so a verdict
+    needs it below 1 - CONFIDENCE: 6+ pairs, or independent runs such as 4 + 4 or 3 + 5."""
+    if paired:
+        return 2.0 ** (1 - runs_old)
+    return 2.0 / math.comb(runs_old + runs_new, runs_old)
+
+
+def expanded_tail(n: int, confidence: float = CONFIDENCE) -> float:
+    """One tail's probability of the expanded percentile interval for n runs: Phi(-z'),
+    z' = sqrt(n/(n-1)) * t_{(1+confidence)/2, n-1}; the plain (1-confidence)/2 for n < 2
+    (no spread to expand)."""
+    from scipy import stats as scipy_stats
+
+    plain = (1 - confidence) / 2
+    if n < 2:
+        return plain
+    z = (n / (n - 1)) ** 0.5 * scipy_stats.t.ppf(1 - plain, n - 1)
+    return float(scipy_stats.norm.sf(z))
 
 
 def verdict(c: Comparison, min_effect: float = MIN_EFFECT) -> str:

@@ -210,8 +210,8 @@ def noise(df: pd.DataFrame, baseline_arm: str) -> str:
     text = markdown(["shape", "arm", "rounds", "worst CV in a round", "timed steps",
                      "instability"], rows)
     text += ("\n\nNo verdict (CI includes 1.00x, the difference is under "
-             f"{stats.MIN_EFFECT:.0%}, or fewer than {stats.MIN_RUNS} rounds of "
-             f"{stats.MIN_STEPS}+ steps):\n" + ("\n".join(within) if within else "- none"))
+             f"{stats.MIN_EFFECT:.0%}, or too few rounds of {stats.MIN_STEPS}+ steps for 95% to "
+             "be reachable):\n" + ("\n".join(within) if within else "- none"))
     recompiled = [f"- {shape_label(r)}: {r['arm']} compiled {r['recompiles']:.0f} more time(s)"
                   for _, r in frame.iterrows() if r["recompiles"]]
     text += ("\n\nCells that compiled after warmup (their timings include compilation; a "

@@ -50,7 +50,7 @@ def test_history_of_another_environment_is_never_compared():
 def test_a_cost_increase_is_a_regression_whatever_the_timings_say():
     def runs(run_id, flops):
         records = [_record(run_id, np.random.default_rng(i).normal(100, 30, 10), round_index=i)
-                   for i in range(3)]
+                   for i in range(4)]
         for r in records:
             r.cost = Cost(model_flops_per_step=1.0, model_flops_per_s=None,
                           mfu_vs_bf16_peak=None, compiled_flops_per_step=flops,
@@ -81,11 +81,11 @@ def test_nightly_labels_a_first_run_then_flags_an_injected_3x_slowdown(tmp_path)
     assert "first run (baseline)" in first.stdout
     # Three times each step's own time: far beyond any machine's run-to-run noise (a tiny
     # cell's median moves ~25-50% between processes on a loaded 2-core box), so the verdict
-    # is not luck. Compared with the first run's 3 rounds, not a new baseline.
+    # is not luck. Compared with the first run's 4 rounds, not a new baseline.
     slow = _nightly(tmp_path, PARITY_TEST_SLOWDOWN="2.0")
     assert slow.returncode == 1, slow.stdout + slow.stderr
     assert "| regression |" in slow.stdout and "first run (baseline)" not in slow.stdout
-    assert "| 3 / 3 |" in slow.stdout  # three rounds a side by default
+    assert "| 4 / 4 |" in slow.stdout  # four rounds a side by default
     assert list((tmp_path / "nightly").glob("regression_*.png"))
 
 
@@ -107,7 +107,7 @@ def two_commits(tmp_path_factory):
 
 def _ab(clone, *refs, extra=()):
     return subprocess.run([sys.executable, "-m", "harness.cli", "ab", *refs, *CELL,
-                           "--rounds", "3", "--out", str(clone / "ab-out"), *extra],
+                           "--rounds", "6", "--out", str(clone / "ab-out"), *extra],
                           cwd=clone, env=dict(_env(), PYTHONPATH=str(clone)),
                           capture_output=True, text=True, timeout=600)
 
@@ -122,7 +122,7 @@ def test_ab_between_two_real_commits_flags_the_slower_one(two_commits):
     # The injected sleep triples each step, far beyond run-to-run noise; time.sleep's
     # wake-up latency adds a little on a ~20 ms step, hence the loose upper bound.
     assert "| slower |" in row and low > 1.0 and 2.0 < float(ratio) < 4.5, proc.stdout
-    assert "| 3 / 3 |" in row
+    assert "| 6 / 6 |" in row
     assert (two_commits / "ab-out" / "ab.md").exists()
 
 

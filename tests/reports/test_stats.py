@@ -12,7 +12,7 @@ import pytest
 from reports import stats
 
 
-def _side(rng, *, rounds=5, steps=60, scale=1.0, run_sd=0.02, step_sd=0.05, drift=None):
+def _side(rng, *, rounds=6, steps=60, scale=1.0, run_sd=0.02, step_sd=0.05, drift=None):
     drift = np.zeros(rounds) if drift is None else drift
     return [100 * scale * (1 + d + rng.normal(0, run_sd)) * (1 + rng.normal(0, step_sd, steps))
             for d in drift]
@@ -22,7 +22,7 @@ def _verdicts(shift, *, draws=40, paired=False, drift_sd=0.0, **kw):
     found = []
     for seed in range(draws):
         rng = np.random.default_rng(seed)
-        drift = rng.normal(0, drift_sd, kw.get("rounds", 5))
+        drift = rng.normal(0, drift_sd, kw.get("rounds", 6))
         old = _side(rng, drift=drift, **kw)
         new = _side(rng, scale=1 + shift, drift=drift, **kw)
         found.append(stats.verdict(stats.compare(old, new, paired=paired, resamples=500)))
@@ -49,8 +49,8 @@ def test_a_planted_10_percent_speedup_is_called_faster():
 def test_pairing_cancels_drift_that_hits_both_sides_of_a_round():
     # 15% round-to-round drift of the machine: unpaired, a 10% slowdown drowns in it;
     # paired (interleaved rounds resampled together), it is found.
-    unpaired = _verdicts(0.10, drift_sd=0.15)
-    paired = _verdicts(0.10, drift_sd=0.15, paired=True)
+    unpaired = _verdicts(0.10, drift_sd=0.15, rounds=8)
+    paired = _verdicts(0.10, drift_sd=0.15, paired=True, rounds=8)
     assert paired.count(stats.SLOWER) >= 36, paired
     assert unpaired.count(stats.SLOWER) < paired.count(stats.SLOWER) - 10, unpaired
 
@@ -106,3 +106,31 @@ def test_instability_warnings():
     assert noisy[0].startswith("unstable steps: CV")
     disagree = stats.warnings(_side(rng, run_sd=0.2, step_sd=0.01))
     assert any(w.startswith("runs disagree") for w in disagree)
+
+
+@pytest.mark.parametrize(("rounds", "paired"), [(6, True), (4, False), (8, True)])
+def test_the_interval_keeps_its_coverage_with_few_runs(rounds, paired):
+    # Process-level noise dominates (10% between runs, 1% inside). A plain percentile
+    # interval from 8 runs excludes 1.00 in ~8% of A/A draws (the resampled spread is too
+    # small); the expanded one must stay near the nominal 5%. 100 draws; allow up to 9
+    # (the binomial 95th percentile at 5%).
+    misses = 0
+    for seed in range(100):
+        rng = np.random.default_rng(1000 + seed)
+        c = stats.compare(_side(rng, rounds=rounds, run_sd=0.10, step_sd=0.01),
+                          _side(rng, rounds=rounds, run_sd=0.10, step_sd=0.01),
+                          paired=paired, resamples=2000)
+        misses += c.low > 1.0 or c.high < 1.0
+    assert misses <= 9, misses
+
+
+def test_samples_that_cannot_reach_95_percent_are_too_few():
+    # 5 interleaved pairs all on one side happen by luck 1 time in 16 (> 5%): never a verdict.
+    assert stats.luck_bound(5, 5, paired=True) == 2.0**-4
+    assert stats.luck_bound(6, 6, paired=True) < 0.05 <= stats.luck_bound(3, 3, paired=False)
+    assert stats.luck_bound(4, 4, paired=False) < 0.05
+    rng = np.random.default_rng(0)
+    five = stats.compare(_side(rng, rounds=5), _side(rng, rounds=5, scale=2.0), paired=True)
+    assert not five.paired and stats.verdict(five) == stats.SLOWER  # 5 + 5 independent: ok
+    three = stats.compare(_side(rng, rounds=3), _side(rng, rounds=3, scale=2.0), paired=True)
+    assert three.low > 1.5 and stats.verdict(three) == stats.TOO_FEW
