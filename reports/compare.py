@@ -10,6 +10,7 @@ through the one statistics rule (`reports.stats`); cost metrics are compared exa
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Sequence
 
 from reports import costs, stats
@@ -38,11 +39,8 @@ class Cell:
 
     @property
     def median_ms(self) -> float | None:
-        pooled = sorted(x for run in self.runs for x in run)
-        if not pooled:
-            return None
-        mid = len(pooled) // 2
-        return pooled[mid] if len(pooled) % 2 else (pooled[mid - 1] + pooled[mid]) / 2
+        pooled = [x for run in self.runs for x in run]
+        return statistics.median(pooled) if pooled else None
 
 
 def cells(records: Sequence[Record]) -> list[Cell]:
