@@ -117,11 +117,12 @@ def test_ab_between_two_real_commits_flags_the_slower_one(two_commits):
     proc = _ab(two_commits, "HEAD~1", "HEAD")
     assert proc.returncode == 1, proc.stdout + proc.stderr  # B is slower: exit 1
     row = next(line for line in proc.stdout.splitlines() if line.startswith("| native"))
-    ratio, ci = row.split("|")[5].split("[")
+    _ratio, ci = row.split("|")[5].split("[")
     low, _high = (float(x) for x in ci.strip(" ]").split(","))
-    # The injected sleep triples each step, far beyond run-to-run noise; time.sleep's
-    # wake-up latency adds a little on a ~20 ms step, hence the loose upper bound.
-    assert "| slower |" in row and low > 1.0 and 2.0 < float(ratio) < 4.5, proc.stdout
+    # The injected sleep triples each step, far beyond run-to-run noise, so the verdict and
+    # the CI's side of 1.00 are behaviour. The ratio's size is not asserted: on a loaded
+    # machine one side's processes can run 5x slower than the other's.
+    assert "| slower |" in row and low > 1.0, proc.stdout
     assert "| 6 / 6 |" in row
     assert (two_commits / "ab-out" / "ab.md").exists()
 
