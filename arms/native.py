@@ -1,7 +1,9 @@
-"""The `native` arm: one jitted lax.scan step, nothing on the host between micro-batches.
+"""The `native` arm: one jitted step (a lax.scan over micro-batches at GA > 1), nothing on
+the host between micro-batches.
 
 It is the no-host-overhead limit for this model on this machine, written independently of
-the engine: params and optimizer state donated, sum/sum normalization, clip, optax update.
+the engine: params and optimizer state donated, sum/sum normalization, clip, optax update,
+a non-finite step skipped.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ from flax import nnx
 
 from arms.base import Arm
 from arms.capture import with_capture
-from engine.model import batch_sharding, named_shardings, sharding_context
+from engine.model import batch_sharding, named_shardings, optimizer_shardings, sharding_context
 
 
 def native_step(graph, loss_fn, tx, clip, params, rest, opt_state, batches):
-    """(params, rest, opt_state, loss) after one optimizer step over `batches`."""
-    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *batches)
+    """(params, rest, opt_state, loss) after one optimizer step over `batches`.
+
+    One micro-batch is differentiated directly; several are stacked and scanned, gradients
+    summed in float32 in the carry.
+    """
 
     def micro_step(carry, batch):
         grads_sum, loss_sum, den_sum, rest = carry
@@ -31,18 +36,33 @@ def native_step(graph, loss_fn, tx, clip, params, rest, opt_state, batches):
             return loss, (den, nnx.state(model, nnx.Not(nnx.Param)))
 
         (loss, (den, rest)), grads = jax.value_and_grad(objective, has_aux=True)(params)
-        grads_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_sum, grads)
+        if grads_sum is None:
+            grads_sum = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+        else:
+            grads_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_sum, grads)
         return (grads_sum, loss_sum + loss, den_sum + den, rest), None
 
-    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-    init = (zeros, jnp.float32(0), jnp.float32(0), rest)
-    (grads, loss_sum, den, rest), _ = jax.lax.scan(micro_step, init, stacked)
+    zero = jnp.float32(0)
+    if len(batches) == 1:  # nothing to accumulate: no stack, no loop, no zero-filled carry
+        (grads, loss_sum, den, rest), _ = micro_step((None, zero, zero, rest), batches[0])
+    else:
+        stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *batches)
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        (grads, loss_sum, den, rest), _ = jax.lax.scan(micro_step, (zeros, zero, zero, rest),
+                                                       stacked)
     scale = jnp.where(den > 0, 1.0 / den, 0.0)
-    grads = jax.tree.map(lambda g, p: (g * scale).astype(p.dtype), grads, params)
-    if clip is not None:
-        grads, _ = optax.clip_by_global_norm(clip).update(grads, optax.EmptyState())
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), rest, opt_state, loss_sum * scale
+
+    def update(params, opt_state):
+        g = jax.tree.map(lambda g, p: (g * scale).astype(p.dtype), grads, params)
+        if clip is not None:
+            g, _ = optax.clip_by_global_norm(clip).update(g, optax.EmptyState())
+        updates, opt_state = tx.update(g, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    # A step whose loss is not finite is skipped, as every trainer here does.
+    params, opt_state = jax.lax.cond(jnp.isfinite(loss_sum), update, lambda p, o: (p, o),
+                                     params, opt_state)
+    return params, rest, opt_state, loss_sum * scale
 
 
 class NativeArm(Arm):
@@ -55,9 +75,9 @@ class NativeArm(Arm):
         tx, loss_fn, clip = with_capture(spec.optimizer_tx()), spec.loss_fn(), spec.clip
         param_sh = named_shardings(params, self.mesh, self.rules)
         rest_sh = named_shardings(rest, self.mesh, self.rules)
+        opt_sh = optimizer_shardings(tx, params, param_sh, self.mesh)
         with sharding_context(self.mesh, self.rules):
-            opt_state = jax.jit(tx.init)(params)
-        opt_sh = jax.tree.map(lambda x: x.sharding, opt_state)
+            opt_state = jax.jit(tx.init, out_shardings=opt_sh)(params)
         batch_sh = batch_sharding(self.mesh)
         example = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sh),
                                spec.micro_batches()[0])

@@ -4,11 +4,13 @@ The math lives in `engine.kernels`; this class decides *how* it runs:
 - every kernel is a fresh closure, lowered and compiled ahead of time inside the mesh and the
   logical-axis rules (JAX's trace cache ignores flax's thread-local rules), with explicit
   in/out shardings (gradients come back sharded like the params), and called inside them;
-- donation: the accumulating fwd/bwd donates the accumulator, the update donates the
-  optimizer state and the accumulator (whose float32 gradient buffers XLA may reuse for the
-  new params). Params (and the non-Param state) are never donated: `engine.model` holds them
-  between steps, and a donated param buffer could be aliased to any same-shaped output. The
-  step counter is not donated either: it is the throttler's marker for that step;
+- donation: the accumulating fwd/bwd donates the accumulator; `update` and `train_step`
+  donate the whole train state they replace (params, optimizer state; the accumulator too),
+  so XLA writes the new state into the old buffers instead of allocating a second copy, and
+  the new params are republished to `engine.model` right after the call. The fwd/bwd kernels
+  never donate params: `engine.model` must stay usable between micro-batches, and a donated
+  buffer may be aliased to any output of its shape, which the gradients all have. The step
+  counter is not donated: it is the throttler's marker for that step;
 - the model graph is split once per compile; afterwards kernel outputs are republished to
   `engine.model` with `nnx.update` instead of re-splitting the graph every step.
 """
@@ -34,6 +36,7 @@ from engine.model.sharding import (
     LogicalRules,
     batch_sharding,
     named_shardings,
+    optimizer_shardings,
     place_global_batch,
 )
 from engine.model.sharding import sharding_context as _sharding_context
@@ -114,11 +117,15 @@ class TrainingEngine:
         self._graph = graph
         self._param_shardings = named_shardings(params, self.mesh, self.rules)
         self._rest_shardings = named_shardings(rest, self.mesh, self.rules)
-        self._params = jax.device_put(params, self._param_shardings)
+        # The engine owns its param buffers (updates donate them): a copy, so arrays the
+        # caller built the model from stay valid.
+        self._params = jax.device_put(params, self._param_shardings, may_alias=False)
         self._rest = jax.device_put(rest, self._rest_shardings)
+        self._opt_shardings = optimizer_shardings(self.tx, self._params, self._param_shardings,
+                                                  self.mesh)
         with self.sharding_context():
-            self._opt_state = jax.jit(self.tx.init)(self._params)
-        self._opt_shardings = jax.tree.map(lambda x: x.sharding, self._opt_state)
+            self._opt_state = jax.jit(self.tx.init, out_shardings=self._opt_shardings)(
+                self._params)
         self._replicated = NamedSharding(self.mesh, PartitionSpec())
         self._step = jax.device_put(jnp.zeros((), jnp.int32), self._replicated)
         self._acc_shardings = kernels.Accumulator(
@@ -182,7 +189,7 @@ class TrainingEngine:
             "update", lambda p, o, s, a: kernels.apply_update(tx, cfg, p, o, s, a),
             (self._param_shardings, self._opt_shardings, self._replicated, self._acc_shardings),
             (self._param_shardings, self._opt_shardings, self._replicated, self._replicated),
-            (1, 3), params, opt, step, acc)
+            (0, 1, 3), params, opt, step, acc)
 
     def _compile_fused(self, abstract_batch) -> None:
         graph, loss_fn, tx, cfg = self._graph, self.loss_fn, self.tx, self._update_cfg
@@ -196,7 +203,7 @@ class TrainingEngine:
              (self._batch_shardings,) * ga),
             (self._param_shardings, self._opt_shardings, self._rest_shardings, self._replicated,
              self._replicated, metric_sh),
-            (1,),
+            (0, 1),
             self._abstract(self._params, self._param_shardings),
             self._abstract(self._opt_state, self._opt_shardings),
             self._abstract(self._rest, self._rest_shardings),
@@ -239,7 +246,9 @@ class TrainingEngine:
             raise ValueError("engine.model's structure changed after compile(); call "
                              "compile() again")
         params, rest = nnx.split_state(state, nnx.Param, ...)
-        self._params = jax.device_put(params, self._param_shardings)
+        # Copies, as at compile: the arrays written into the model from outside may still
+        # be held by their writer, and the next update donates these buffers.
+        self._params = jax.device_put(params, self._param_shardings, may_alias=False)
         self._rest = jax.device_put(rest, self._rest_shardings)
         self._publish_targets = None  # the next publish pairs leaves and Variables again
 

@@ -10,6 +10,7 @@ from engine.model.sharding import (
     constrain,
     make_mesh,
     named_shardings,
+    optimizer_shardings,
     parse_mesh_spec,
     shard_model,
     sharding_context,
@@ -18,5 +19,6 @@ from engine.model.sharding import (
 __all__ = [
     "LOGICAL_AXIS_RULES", "MESH_AXES", "PRESETS", "Decoder", "DecoderConfig", "attention_mask",
     "batch_sharding", "build_decoder", "check_fits", "constrain", "get_preset", "make_mesh",
-    "named_shardings", "param_count", "parse_mesh_spec", "shard_model", "sharding_context",
+    "named_shardings", "optimizer_shardings", "param_count", "parse_mesh_spec", "shard_model",
+    "sharding_context",
 ]

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import jax
 import numpy as np
+import optax
 from flax import nnx
 from flax.core import spmd as core_spmd
 from flax.linen import spmd as linen_spmd
@@ -121,6 +122,20 @@ def named_shardings(tree, mesh: Mesh, rules: LogicalRules = LOGICAL_AXIS_RULES):
     with core_spmd.logical_axis_rules(()):  # keep the specs logical; resolve below
         specs = logical_specs(tree)
     return linen_spmd.logical_to_mesh_sharding(specs, mesh, rules)
+
+
+def optimizer_shardings(tx, params, param_shardings, mesh: Mesh):
+    """Shardings of `tx.init(params)`: every param-shaped leaf (moments, captured gradients)
+    sharded like its param, everything else (step counts) replicated.
+
+    Left to XLA, `jit(tx.init)` returns state built from constants (zeros of a shape)
+    replicated on every device: each device would then hold and update the whole
+    optimizer state, and the update would gather the sharded gradients to match it.
+    """
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return optax.tree_map_params(tx, lambda _, sharding: sharding,
+                                 jax.eval_shape(tx.init, params), param_shardings,
+                                 transform_non_params=lambda _: replicated)
 
 
 def shard_model(model: nnx.Module, mesh: Mesh, rules: LogicalRules = LOGICAL_AXIS_RULES) -> None:

@@ -29,3 +29,20 @@ def make_engine(*, ga=1, mesh="fsdp=2", paths=("split", "fused"), loss=None, exa
 @pytest.fixture
 def engine_factory(devices):
     return make_engine
+
+
+def traced_executions(engine, step_fn, steps=3) -> list[int]:
+    """XLA executions in each of `steps` profiled steps, counted from the xplane trace:
+    independent of the engine's own call counter."""
+    import jax
+
+    from harness import trace
+
+    step_fn()  # warm: anything lazily created on the first step is not counted
+    engine.block()
+    with trace.capture() as directory:
+        for i in range(steps):
+            with jax.profiler.StepTraceAnnotation(trace.STEP_NAME, step_num=i):
+                step_fn()
+                engine.block()
+    return [s.executions for s in trace.parse_steps(trace.find_xplane(directory))]

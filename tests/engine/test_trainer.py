@@ -7,8 +7,7 @@ import pytest
 
 from arms.capture import captured_gradient, with_capture
 from arms.workload import TokenCrossEntropy, exact_loss_and_gradient, make_micro_batches, rel_l2
-from harness import trace
-from tests.engine.conftest import RAGGED, ragged_batches
+from tests.engine.conftest import RAGGED, ragged_batches, traced_executions
 
 
 def run_split(engine, batches):
@@ -45,17 +44,6 @@ def test_split_and_fused_paths_reach_the_same_weights(engine_factory):
     assert rel_l2(fused.params, split.params) <= 1e-6
 
 
-def _traced_executions(engine, step_fn, steps=3):
-    step_fn()  # warm: anything lazily created on the first step is not counted
-    engine.block()
-    with trace.capture() as directory:
-        for i in range(steps):
-            with jax.profiler.StepTraceAnnotation(trace.STEP_NAME, step_num=i):
-                step_fn()
-                engine.block()
-    return [s.executions for s in trace.parse_steps(trace.find_xplane(directory))]
-
-
 @pytest.mark.parametrize(("ga", "path", "expected"), [
     (1, "split", 2), (4, "split", 5), (1, "fused", 1), (4, "fused", 1)])
 def test_executions_per_optimizer_step_from_the_trace(engine_factory, ga, path, expected):
@@ -65,7 +53,7 @@ def test_executions_per_optimizer_step_from_the_trace(engine_factory, ga, path, 
     step = (lambda: run_split(engine, batches)) if path == "split" else (
         lambda: engine.train_step(batches))
     calls_before = engine.executions()
-    counts = _traced_executions(engine, step)
+    counts = traced_executions(engine, step)
     assert counts == [expected] * 3  # the trace: no extra eager dispatch
     assert engine.executions() - calls_before == 4 * expected  # the counting wrapper agrees
 
@@ -80,6 +68,21 @@ def test_gradients_come_back_sharded_like_the_params(engine_factory):
         assert g.sharding == p.sharding
         sharded += not p.sharding.is_fully_replicated
     assert sharded >= 10
+
+
+def test_optimizer_state_is_sharded_like_the_params(engine_factory):
+    """FSDP shards the optimizer state too: each AdamW moment and the captured gradient
+    like its param, the step count replicated; the update moves no state between devices."""
+    engine = engine_factory(ga=1, mesh="fsdp=8", paths=("split",),
+                            example=ragged_batches(counts=[64], batch_size=8)[0])
+    params = jax.tree.leaves(engine.params)
+    state = jax.tree.leaves(engine.opt_state)
+    moments = [x for x in state if x.ndim]
+    assert len(moments) == 3 * len(params)  # capture, mu, nu
+    for i, leaf in enumerate(moments):
+        assert leaf.sharding == params[i % len(params)].sharding
+    assert all(x.sharding.is_fully_replicated for x in state if not x.ndim)
+    assert "all-gather" not in engine.kernels["update"].compiled.as_text()
 
 
 def test_nan_loss_raises_naming_step_and_micro_batch_and_keeps_weights(engine_factory):
