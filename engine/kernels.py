@@ -100,7 +100,7 @@ def apply_update(tx: optax.GradientTransformation, cfg: UpdateConfig, params: nn
     """
     finite = jnp.isfinite(acc.loss_sum)
 
-    def step_(params, opt_state):
+    def update(params, opt_state):
         scale = gradient_scale(cfg, acc)
         grads = jax.tree.map(lambda g, p: (g * scale).astype(cfg.grad_dtype or p.dtype),
                              acc.grads, params)
@@ -112,7 +112,9 @@ def apply_update(tx: optax.GradientTransformation, cfg: UpdateConfig, params: nn
     # loop per output (3 reads + 1 write for a moment). An elementwise select over the new
     # and old states instead makes XLA keep copies of the old moments for the param loop to
     # re-read (measured on CPU: 18 param-sized passes for AdamW + capture against 12).
-    params, opt_state = jax.lax.cond(finite, step_, lambda p, o: (p, o), params, opt_state)
+    # XLA:GPU may read the predicate back to the host to choose the branch (a sync per
+    # update) where its command buffers do not cover conditionals.
+    params, opt_state = jax.lax.cond(finite, update, lambda p, o: (p, o), params, opt_state)
     return params, opt_state, step + finite.astype(step.dtype), finite
 
 
