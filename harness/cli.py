@@ -334,10 +334,10 @@ class AB(Command):
     whole process's median moves from the next process's (the log of B/A within an
     interleaved pair has an SD of 6-15%), against a 1-3% standard error of one process's
     median over 10 steps, so rounds buy far more than steps. With that SD, 16 pairs give a
-    95% CI half-width of 3-8% on the log ratio: a 10% slowdown is flagged (measured: 1.066
-    [1.018, 1.148]) where 6 pairs, the fewest that can reach 95% at all
-    (reports.stats.MIN_PAIRS), missed it (1.050 [0.917, 1.126]). A cell costs ~7 minutes
-    there; pass --rounds to trade sensitivity for time."""
+    95% CI half-width of 3-8% on the log ratio: a planted 10% slowdown of `native` on
+    `small` was flagged at 1.103 [1.024, 1.218] (MDE 8.8%); 6 pairs, the fewest that can
+    reach 95% at all (reports.stats.MIN_PAIRS), give an MDE of 10-20% there. A cell costs
+    ~7 minutes on that machine; pass --rounds to trade sensitivity for time."""
 
     @classmethod
     def setup(cls, parser):
