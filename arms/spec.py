@@ -13,6 +13,10 @@ from engine.model import DecoderConfig, check_fits, get_preset, make_mesh
 from engine.model.sharding import parse_mesh_spec
 
 OPTIMIZERS = ("adamw", "sgd")
+MAX_SEQ_LEN = 40_960
+"""Qwen3's context length (max_position_embeddings of every Qwen3 config): RoPE is defined
+beyond it, but no Qwen3 was trained there, and a longer sequence on a small host only runs
+into the cell's timeout."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -53,6 +57,12 @@ class CellSpec:
     """Decoder option remat."""
 
     def __post_init__(self):
+        if self.batch < 1:
+            raise ValueError(f"--batch {self.batch}: give a batch of at least 1 row")
+        if not 2 <= self.seq <= MAX_SEQ_LEN:
+            raise ValueError(
+                f"--seq {self.seq}: give a sequence length from 2 (each row packs two "
+                f"documents) to {MAX_SEQ_LEN} (Qwen3's context length)")
         if self.ga < 1 or self.batch % self.ga:
             raise ValueError(f"--ga {self.ga} does not divide --batch {self.batch}; pick a GA "
                              f"from the divisors of {self.batch}")
@@ -63,6 +73,15 @@ class CellSpec:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; valid: "
                              f"{', '.join(OPTIMIZERS)}")
         get_loss(self.loss)  # validates the name
+        if self.ragged is not None:
+            negative = [n for n in self.ragged if n < 0]
+            if negative:
+                raise ValueError(f"--ragged {','.join(map(str, self.ragged))}: a count of "
+                                 f"{negative[0]} loss tokens; give counts >= 0")
+        if (self.ragged is not None and not sum(self.ragged)) or not self.mask_fraction > 0:
+            raise ValueError("the step has no loss tokens (its loss would be 0/0): give "
+                             "--ragged counts that sum to at least 1 (or a mask_fraction "
+                             "above 0)")
         parse_mesh_spec(self.mesh)
         self.model_config()  # validates the preset and options
 

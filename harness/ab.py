@@ -7,6 +7,7 @@ run). `parity ab HEAD HEAD` is the A/A run: it measures the noise floor.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import subprocess
@@ -15,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from harness.environment import REPO
+from harness.reaper import REAPER
 from harness.runner import new_run_id, run_grid, schedule
 from harness.worker import CellRun
 from reports import stats
@@ -28,6 +30,15 @@ def _git(*args: str, cwd: Path = REPO) -> str:
     if proc.returncode != 0:
         raise ValueError(f"git {' '.join(args)} failed: {proc.stderr.strip()}")
     return proc.stdout.strip()
+
+
+def check_repo(repo: Path = REPO) -> None:
+    """`ab` checks refs out of the git repository parity runs from."""
+    proc = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=repo,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ValueError(f"parity ab needs a git checkout of parity, and {repo} is not one "
+                         f"({proc.stderr.strip() or 'git failed'}); run it from a clone")
 
 
 def resolve_ref(ref: str, repo: Path = REPO) -> str:
@@ -78,11 +89,15 @@ def run_ab(ref_a: str, ref_b: str, cells: Sequence[CellRun], out_dir: Path, *,
     shas = {"A": resolve_ref(ref_a, repo), "B": resolve_ref(ref_b, repo)}
     ab_id = new_run_id("ab-")
     records: dict[str, list[Record]] = {"A": [], "B": []}
-    with tempfile.TemporaryDirectory(prefix="parity-ab-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="parity-ab-") as tmp, \
+            REAPER.watch("path", path=tmp), contextlib.ExitStack() as watching:
         trees = {}
         try:
             for side, sha in shas.items():
                 trees[side] = Path(tmp) / side
+                # Registered first: a parent killed mid-`git worktree add` leaves nothing.
+                watching.enter_context(REAPER.watch("worktree", path=str(trees[side]),
+                                                    repo=str(repo)))
                 _git("worktree", "add", "--detach", str(trees[side]), sha, cwd=repo)
             for round_index, index, cell in schedule(cells, rounds):
                 for side in ("A", "B") if round_index % 2 == 0 else ("B", "A"):
@@ -96,9 +111,11 @@ def run_ab(ref_a: str, ref_b: str, cells: Sequence[CellRun], out_dir: Path, *,
                     records[side].append(record)
                     if on_record:
                         on_record(index, record)
-        finally:
+        finally:  # also on Ctrl-C and SIGTERM (harness.reaper.Terminated)
             for tree in trees.values():
-                _git("worktree", "remove", "--force", str(tree), cwd=repo)
+                if tree.exists():
+                    _git("worktree", "remove", "--force", str(tree), cwd=repo)
+            _git("worktree", "prune", cwd=repo)
     rows = compare_sets(records["A"], records["B"], paired=True, min_effect=min_effect)
     return ABResult(records=records, rows=rows, shas=shas)
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 DTYPES = {"f32": "float32", "bf16": "bfloat16"}
@@ -76,7 +78,22 @@ class Env(Command):
 
 
 def _csv(kind):
-    return lambda text: [kind(x) for x in text.split(",") if x.strip()]
+    """An argparse type: comma-separated values of `kind`, each named when it is bad."""
+    names = {int: "a whole number", str: "a name"}
+
+    def parse(text: str) -> list:
+        values = []
+        for item in (x.strip() for x in text.split(",")):
+            if not item:
+                continue
+            try:
+                values.append(kind(item))
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{item!r} is not {names[kind]}") from None
+        return values
+
+    parse.__name__ = f"list of {kind.__name__}"
+    return parse
 
 
 def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
@@ -141,33 +158,56 @@ def run_options(args: argparse.Namespace, defaults: dict | None = None) -> dict:
 
 
 class Grid:
-    """A grid command's validated cells, environment and options (every bad input fails
-    here, before any cell runs), and `run`: the one way run, nightly and ab run cells."""
+    """A grid command's validated cells, environment and options, and `run`: the one way
+    run, nightly and ab run cells.
+
+    Every bad value fails here, before anything runs: first what needs no device (value
+    ranges, arms, presets, shapes, ragged counts, the mesh's syntax, plugins, the output
+    directory, an existing results file), with no process started and nothing written; then,
+    after one short probe process reports the devices, the mesh against them.
+    """
 
     def __init__(self, args: argparse.Namespace, out: Path, processes: int = 1,
-                 defaults: dict | None = None):
+                 defaults: dict | None = None, run_id: str | None = None):
         import dataclasses
-        import importlib
 
-        from harness import grid, runner
+        from harness import grid, results, runner
 
-        for module in args.plugin or ():
-            importlib.import_module(module)
-        self.options = run_options(args, defaults)
-        if self.rounds < 1:
-            raise ValueError(f"--rounds {self.rounds}: give at least 1 round")
+        plugins = tuple(args.plugin or ())
+        self.options = self.check_values(args, out, processes, defaults)
+        self.run_id = run_id or runner.new_run_id()
+        self.path = runner.results_path(out, self.run_id, self.options.get("name"))
+        results.check_appendable(self.path)
         self.env = runner.cpu_env(self.options.get("cpu_devices"))
         self.environment = runner.probe(self.env)
         available = {**self.environment,
                      "device_count": self.environment["device_count"] * processes}
         cells = grid.expand(self.options, mesh_sizes=available)
         trace_dir = str(out / "traces") if self.options.get("trace") else None
-        self.cells = [dataclasses.replace(c, trace_dir=trace_dir,
-                                          plugins=tuple(args.plugin or ())) for c in cells]
+        self.cells = [dataclasses.replace(c, trace_dir=trace_dir, plugins=plugins)
+                      for c in cells]
         self.out, self.timeout_s = out, self.options.get("timeout_s", 600)
+        self.finished = 0
         print(f"parity: {len(self.cells)} cells on {self.environment['backend']} "
               f"({self.environment['device_count']} x {self.environment['device_kind']}), "
               f"results -> {out}", flush=True)
+
+    @staticmethod
+    def check_values(args: argparse.Namespace, out: Path, processes: int = 1,
+                     defaults: dict | None = None) -> dict:
+        """The grid's options, every value checked that needs no device: no process is
+        started and nothing is written (a probe file in `out` is created and removed)."""
+        from harness import grid, results
+
+        for module in args.plugin or ():
+            _import_plugin(module)
+        options = run_options(args, defaults)
+        if processes > 1 and not options.get("mesh"):
+            options["mesh"] = MULTI_PROCESS_MESH
+        grid.check_run_options(options)
+        grid.expand(options)
+        results.check_writable(out)
+        return options
 
     @contextlib.contextmanager
     def progress(self, total: int):
@@ -179,6 +219,7 @@ class Grid:
         bar = tqdm(total=total, unit="cell", file=sys.stderr, disable=not sys.stderr.isatty())
 
         def on_record(index, record):
+            self.finished += 1
             bar.update(1)
             tqdm.write(console.cell_line(record), file=sys.stdout)
 
@@ -186,6 +227,12 @@ class Grid:
             yield on_record
         finally:
             bar.close()
+
+    def kept(self, where: Path | None = None) -> str:
+        """What a stopped run leaves: the finished cells' records, where they are."""
+        if not self.finished:
+            return "no cell had finished; no record was written"
+        return f"the {self.finished} finished cells' records are kept in {where or self.path}"
 
     @property
     def rounds(self) -> int:
@@ -195,11 +242,55 @@ class Grid:
         """(results path, records) of every cell, `rounds` times, with progress lines."""
         from harness import runner
 
-        with self.progress(len(self.cells) * self.rounds) as on_record:
+        with self.progress(len(self.cells) * self.rounds) as on_record, \
+                _stopped_keeps(self.kept):
             return runner.run_grid(self.cells, self.out, env=self.env,
                                    timeout_s=self.timeout_s, suite=self.options.get("name"),
                                    rounds=self.rounds, on_record=on_record,
-                                   environment=self.environment, **kwargs)
+                                   environment=self.environment, run_id=self.run_id,
+                                   **kwargs)
+
+
+MULTI_PROCESS_MESH = "fsdp=-1"
+"""The mesh of a multi-process run given none: FSDP over every process's devices (one
+device, the single-process default, cannot hold a batch that several processes feed)."""
+
+
+def _import_plugin(module: str) -> None:
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError as err:
+        raise ValueError(f"--plugin {module}: cannot import it ({err}); give a module on "
+                         "PYTHONPATH that registers arms") from None
+
+
+class Stopped(Exception):  # noqa: N818 - a stop, not a fault
+    """The run was stopped by a signal; `code` is the exit status (130 SIGINT, 143 SIGTERM)."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+@contextlib.contextmanager
+def _stopped_keeps(kept: Callable[[], str]):
+    """SIGINT, SIGTERM and SIGHUP end the block with one line saying what is `kept()`, then
+    `Stopped`; the cell running is killed and its temp files removed on the way out."""
+    import signal
+
+    from harness.reaper import Terminated, terminate_on_signals
+
+    try:
+        with terminate_on_signals():
+            yield
+    except KeyboardInterrupt:
+        print(f"\nparity: interrupted (SIGINT); {kept()}", file=sys.stderr)
+        raise Stopped(128 + signal.SIGINT) from None
+    except Terminated as stop:
+        print(f"\nparity: stopped by {stop}; {kept()}", file=sys.stderr)
+        raise Stopped(stop.exit_code) from None
 
 
 class Run(Command):
@@ -224,13 +315,9 @@ class Run(Command):
     def run(cls, args):
         from harness import console
 
-        grid = Grid(args, args.out, processes=args.num_processes or 1)
-        try:
-            path, records = grid.run(distributed=_distributed(args), run_id=args.run_id)
-        except KeyboardInterrupt:
-            print("parity: interrupted; finished cells are kept in the results file",
-                  file=sys.stderr)
-            return 130
+        distributed = _distributed(args)
+        grid = Grid(args, args.out, processes=args.num_processes or 1, run_id=args.run_id)
+        path, records = grid.run(distributed=distributed)
         code = 0 if all(r.ok for r in records) else 1
         if args.process_id:
             return code
@@ -271,20 +358,47 @@ class Launch(Command):
     def run(cls, args):
         import socket
         import subprocess
+        import tempfile
+
+        from harness.reaper import Terminated, die_with_parent, terminate_on_signals
 
         if args.n < 1:
-            raise ValueError("launch -n must be >= 1")
+            raise ValueError(f"launch -n {args.n}: give at least 1 process")
+        rest = [a for a in args.run_args if a != "--"]
+        run_args = build_parser().parse_args(["run", *rest])
+        Grid.check_values(run_args, run_args.out, processes=args.n)  # once, not N times
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        rest = [a for a in args.run_args if a != "--"]
-        procs = [subprocess.Popen([sys.executable, "-m", "harness.cli", "run", *rest,
-                                   "--num-processes", str(args.n), "--process-id", str(i),
-                                   "--coordinator", f"127.0.0.1:{port}",
-                                   "--run-id", f"launch-{port}"],
-                                  stdout=None if i == 0 else subprocess.DEVNULL)
-                 for i in range(args.n)]
-        codes = [p.wait() for p in procs]
+        with tempfile.TemporaryDirectory(prefix="parity-launch-") as tmp:
+            logs = [None] + [open(Path(tmp) / f"{i}.err", "w+") for i in range(1, args.n)]  # noqa: SIM115
+            procs = [subprocess.Popen(
+                [sys.executable, "-m", "harness.cli", "run", *rest, "--num-processes",
+                 str(args.n), "--process-id", str(i), "--coordinator", f"127.0.0.1:{port}",
+                 "--run-id", f"launch-{port}"],
+                stdout=None if i == 0 else subprocess.DEVNULL, stderr=logs[i],
+                preexec_fn=die_with_parent(os.getpid())) for i in range(args.n)]
+            try:
+                with terminate_on_signals():
+                    codes = [p.wait() for p in procs]
+            except (KeyboardInterrupt, Terminated) as stop:
+                for p in procs:  # each one cleans up after itself on SIGTERM
+                    p.terminate()
+                for p in procs:
+                    try:
+                        p.wait(timeout=15)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                raise Stopped(getattr(stop, "exit_code", 130)) from None
+            if codes[0] == 0:  # process 0 reports its own failure; the others', once
+                for i, code in enumerate(codes[1:], 1):
+                    if code:
+                        logs[i].seek(0)
+                        tail = logs[i].read().strip().splitlines()[-1:] or ["(no output)"]
+                        print(f"parity: process {i} exited {code}: {tail[0]}",
+                              file=sys.stderr)
+            for log in logs[1:]:
+                log.close()
         return codes[0] if codes[0] else max(codes)
 
 
@@ -308,13 +422,19 @@ class Nightly(Command):
 
     @classmethod
     def run(cls, args):
-        from harness import nightly
+        from harness import nightly, results
 
+        if args.history.is_dir() and any(args.history.glob("*.jsonl")):
+            results.read_dir(args.history)  # a corrupt history fails now, not after the grid
+        report_dir = args.report or args.history / "nightly"
+        results.check_writable(report_dir, "--report")
         grid = Grid(args, args.history, defaults={"rounds": cls.ROUNDS})
         threshold = args.threshold or grid.options.get("regression_threshold", 0.05)
+        if not threshold > 0:
+            raise ValueError(f"--threshold {threshold}: give a relative slowdown > 0")
         _, records = grid.run()
         code, text = nightly.evaluate(records, args.history, threshold=threshold,
-                                      report_dir=args.report or args.history / "nightly")
+                                      report_dir=report_dir)
         print(text)
         return code
 
@@ -355,13 +475,23 @@ class AB(Command):
     @classmethod
     def run(cls, args):
         from harness import ab
+        from reports.stats import MIN_PAIRS
 
+        if not 0 < args.threshold < 1:
+            raise ValueError(f"--threshold {args.threshold}: give a fraction, e.g. 0.05")
+        options = Grid.check_values(args, args.out, defaults={"rounds": cls.ROUNDS})
+        if options["rounds"] < MIN_PAIRS:
+            raise ValueError(f"--rounds {options['rounds']}: A/B needs at least "
+                             f"{MIN_PAIRS} rounds (fewer interleaved pairs "
+                             "cannot reach 95% confidence)")
+        ab.check_repo()  # git's answers: the first processes started
         ab.resolve_ref(args.ref_a)
         ab.resolve_ref(args.ref_b)
         ab.check_clean([args.ref_a, args.ref_b], allow_dirty=args.allow_dirty)
         grid = Grid(args, args.out, defaults={"rounds": cls.ROUNDS, "steps": cls.STEPS,
                                               "trace": False})
-        with grid.progress(len(grid.cells) * 2 * grid.rounds) as on_record:
+        with grid.progress(len(grid.cells) * 2 * grid.rounds) as on_record, \
+                _stopped_keeps(lambda: grid.kept(args.out) + "; worktrees removed"):
             result = ab.run_ab(args.ref_a, args.ref_b, grid.cells, args.out, env=grid.env,
                                timeout_s=grid.timeout_s, rounds=grid.rounds,
                                on_record=on_record, min_effect=args.threshold)
@@ -398,13 +528,9 @@ class Compare(Command):
         import json
 
         from reports import compare
-        from reports.records import ResultsError, read_dir
+        from reports.records import read_dir
 
-        try:
-            old, new = read_dir(args.old), read_dir(args.new)
-        except ResultsError as err:
-            print(f"parity: error: {err}", file=sys.stderr)
-            return 2
+        old, new = read_dir(args.old), read_dir(args.new)
         rows = compare.compare_sets(old, new, min_effect=args.threshold)
         if args.json:
             print(json.dumps(compare.to_json(rows), indent=1))
@@ -434,14 +560,14 @@ class Report(Command):
 
     @classmethod
     def run(cls, args):
+        from harness import results
         from reports.document import render
-        from reports.records import ResultsError
 
-        try:
-            render(args.results, args.output, baseline_arm=args.baseline_arm)
-        except ResultsError as err:
-            print(f"parity: error: {err}", file=sys.stderr)
-            return 2
+        results.read_dir(args.results)  # bad results fail before anything is written
+        results.check_writable(args.output.parent, "-o")
+        if args.output.is_dir():
+            raise ValueError(f"-o {args.output} is a directory; give the .md file to write")
+        render(args.results, args.output, baseline_arm=args.baseline_arm)
         print(f"report: {args.output}")
         return 0
 
@@ -450,10 +576,17 @@ COMMANDS: tuple[type[Command], ...] = (Selftest, Env, Run, Launch, Nightly, AB, 
                                         Report)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: 'parity run: error: ... (see parity run --help)'."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="parity", description="Performance-parity harness for JAX LLM training engines.")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for command in COMMANDS:
         sub = commands.add_parser(command.name, help=command.help,
                                   description=command.description)
@@ -463,12 +596,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from harness.results import WriteError
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except ValueError as err:  # bad input: one clear line, no traceback
         print(f"parity: error: {err}", file=sys.stderr)
         return 2
+    except WriteError as err:  # e.g. a full disk: what was kept, what was lost
+        print(f"parity: error: {err}", file=sys.stderr)
+        return 2
+    except Stopped as stop:  # the line saying what is kept is already printed
+        return stop.code
+    except KeyboardInterrupt:  # before any cell ran: nothing to keep
+        print("\nparity: interrupted (SIGINT)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 from arms.base import check_model
 from arms.registry import resolve
 from arms.spec import CellSpec
-from engine.model import check_fits
+from engine.model import check_fits, parse_mesh_spec
 from harness.worker import CellRun
 
 SUITES_DIR = Path(__file__).parent / "suites"
@@ -39,6 +40,23 @@ def load_suite(name: str) -> dict[str, Any]:
     return suite
 
 
+_AT_LEAST_ONE = {"steps": "--steps", "warmup": "--warmup", "trace_steps": "--trace-steps",
+                 "rounds": "--rounds", "cpu_devices": "--cpu-devices"}
+_WHY = {"warmup": " (the first warmup step is the parity step)",
+        "cpu_devices": " (it emulates that many CPU devices)"}
+
+
+def check_run_options(options: dict[str, Any]) -> None:
+    """Raises one ValueError for a run option out of its range (cells check the rest)."""
+    for key, flag in _AT_LEAST_ONE.items():
+        value = options.get(key)
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} {value}: give at least 1{_WHY.get(key, '')}")
+    timeout = options.get("timeout_s")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"--timeout {timeout}: give the seconds a cell may run (> 0)")
+
+
 def _as_list(value) -> list:
     return list(value) if isinstance(value, list | tuple) else [value]
 
@@ -61,17 +79,19 @@ def expand(options: dict[str, Any], *, mesh_sizes: dict[str, int] | None = None)
     cells = []
     grid = [_as_list(options.get(k, CellSpec.__dataclass_fields__[k].default))
             for k in GRID_KEYS]
+    _check_ragged_applies(options.get("ragged"), grid[GRID_KEYS.index("ga")])
     for preset, seq, batch, ga in itertools.product(*grid):
         ragged = options.get("ragged")
         if isinstance(ragged, dict):
             ragged = ragged.get(str(ga), ragged.get(ga))
         elif ragged is not None and len(ragged) != ga:
-            ragged = None  # counts given for another GA do not apply to this cell
+            ragged = None  # counts given for another GA of the grid do not apply to this cell
         spec = CellSpec(preset=preset, seq=int(seq), batch=int(batch), ga=int(ga),
                         ragged=tuple(ragged) if ragged else None, **fixed)
+        mesh = parse_mesh_spec(spec.mesh, mesh_sizes and mesh_sizes["device_count"])
+        check_fits(spec.model_config(), mesh, spec.micro_batch)
         if mesh_sizes is not None:
-            check_fits(spec.model_config(), spec.mesh or {}, spec.micro_batch)
-            _check_device_count(spec.mesh, mesh_sizes)
+            _check_device_count(spec.mesh, mesh, mesh_sizes)
         if spec.ragged:
             spec.micro_batches()  # validates counts against the micro-batch capacity
         for arm in arms:
@@ -80,15 +100,23 @@ def expand(options: dict[str, Any], *, mesh_sizes: dict[str, int] | None = None)
     return cells
 
 
-def _check_device_count(mesh: str, available: dict[str, int]) -> None:
-    from engine.model.sharding import parse_mesh_spec
+def _check_ragged_applies(ragged, gas: list) -> None:
+    """Counts given as a list apply where their length equals GA: refuse counts that apply
+    to no cell of the grid rather than silently run every cell unragged."""
+    if ragged is None or isinstance(ragged, dict):
+        return
+    if not any(len(ragged) == int(ga) for ga in gas):
+        raise ValueError(
+            f"--ragged gives {len(ragged)} counts but no cell has ga={len(ragged)} (ga: "
+            f"{', '.join(str(g) for g in gas)}); give one count per micro-batch of a GA in "
+            "the grid")
 
-    need = 1
-    for size in parse_mesh_spec(mesh).values():
-        need *= size
+
+def _check_device_count(spec: str, mesh: dict[str, int], available: dict[str, int]) -> None:
+    need = math.prod(mesh.values())
     have = available["device_count"]
     if need > have:
         hint = ("; on CPU pass --cpu-devices N to emulate N devices"
                 if available.get("backend") == "cpu" else "")
-        raise ValueError(f"mesh {mesh!r} needs {need} devices but this {available.get('backend')}"
+        raise ValueError(f"mesh {spec!r} needs {need} devices but this {available.get('backend')}"
                          f" host has {have}{hint}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -15,8 +16,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from harness import results
-from harness.worker import CellRun
-from reports.record import ABTag, Environment, Failure, Record, RunOptions, Spec, section
+from harness.reaper import REAPER, die_with_parent
+from harness.worker import OOM_MARKERS, CellRun
+from reports.record import (
+    ABTag,
+    Environment,
+    Failure,
+    Record,
+    RunOptions,
+    Spec,
+    cell_name,
+    section,
+)
 
 STDERR_TAIL = 4000
 
@@ -47,51 +58,123 @@ def _failure(reason: str, message: str, stderr: str) -> Record:
                                                  stderr_tail=stderr[-STDERR_TAIL:]))
 
 
+
+
+def _oom_kills() -> int | None:
+    """The kernel's count of OOM kills in this process's memory cgroup (v2 `memory.events`,
+    else v1 `memory.oom_control`); None where neither is readable."""
+    candidates = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            hierarchy, controllers, path = line.split(":", 2)
+            if hierarchy == "0":
+                candidates.append(Path("/sys/fs/cgroup", path.lstrip("/"), "memory.events"))
+            elif "memory" in controllers.split(","):
+                candidates += [Path("/sys/fs/cgroup/memory", path.lstrip("/"),
+                                    "memory.oom_control"),
+                               Path("/sys/fs/cgroup/memory/memory.oom_control")]
+    for candidate in candidates:
+        with contextlib.suppress(OSError):
+            for line in candidate.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    return None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Exit:
+    """How a cell process ended, as the runner saw it."""
+
+    code: int | None
+    """Exit status (negative: killed by that signal); None when the runner killed it at
+    its timeout."""
+    stderr: str
+    wrote_record: bool
+    max_rss_bytes: int | None = None
+    """The process's peak resident memory (from wait4)."""
+    oom_kills: int = 0
+    """OOM kills the kernel counted in this cgroup while the cell ran."""
+
+
+def classify(ended: Exit, timeout_s: float) -> Record | None:
+    """The failure record of a cell process that wrote no record (None if it wrote one)."""
+    if ended.wrote_record:
+        return None
+    stderr, code = ended.stderr, ended.code
+    if code is None:
+        return _failure("timeout", f"cell exceeded its {timeout_s:.0f} s timeout", stderr)
+    if "stopped sending heartbeats" in stderr:
+        return _failure("peer-died", "another process of this multi-process cell died "
+                                     "(no heartbeats); this one stopped instead of hanging",
+                        stderr)
+    rss = (f"; its peak RSS was {ended.max_rss_bytes / 2**30:.2f} GiB"
+           if ended.max_rss_bytes else "")
+    if code == -signal.SIGKILL and ended.oom_kills:
+        return _failure("oom", f"cell process was killed by the kernel's OOM killer{rss}",
+                        stderr)
+    if any(marker in stderr for marker in (*OOM_MARKERS, "MemoryError")):
+        return _failure("oom", f"cell ran out of memory (exit code {code}){rss}", stderr)
+    if code == -signal.SIGKILL:
+        return _failure("killed", f"cell process was killed (SIGKILL from outside the "
+                                  f"harness; the OOM killer leaves no count here){rss}", stderr)
+    how = (f"was killed by {signal.Signals(-code).name}" if code < 0
+           else f"exited with code {code}")
+    return _failure("crash", f"cell process {how} without a record", stderr)
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int | None, int | None]:
+    """(exit code or None at the timeout, peak RSS bytes): waits with wait4 for its rusage."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, usage.ru_maxrss * 1024  # KiB on Linux
+        if time.monotonic() >= deadline:
+            return None, None
+        time.sleep(0.05)
+
+
 def run_one(cell: CellRun, env: dict[str, str], timeout_s: float,
             cwd: Path | None = None) -> Record:
-    """Runs `cell` in a fresh process; never raises for what happens inside the cell."""
-    with tempfile.TemporaryDirectory(prefix="parity-cell-") as tmp:
+    """Runs `cell` in a fresh process; never raises for what happens inside the cell.
+
+    The worker has its own process group (a timeout kills the cell and anything it started)
+    and dies with this process (harness.reaper): SIGKILL of the parent included, no worker
+    runs on and no temp dir stays behind.
+    """
+    with tempfile.TemporaryDirectory(prefix="parity-cell-") as tmp, \
+            REAPER.watch("path", path=tmp):
         out = Path(tmp) / "record.json"
         err_path = Path(tmp) / "stderr.txt"
         command = [sys.executable, "-m", "harness.worker", "--cell",
                    json.dumps(dataclasses.asdict(cell)), "--out", str(out)]
         start = time.perf_counter()
+        oom_before = _oom_kills()
         with err_path.open("w") as stderr:
-            # Own process group: a timeout kills the cell and anything it started.
             proc = subprocess.Popen(command, env=env, stdout=stderr, stderr=subprocess.STDOUT,
-                                    start_new_session=True, cwd=cwd)
-            try:
-                code = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                code = None
-            except BaseException:  # SIGINT in the parent: take the cell down with it
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                raise
-        stderr_text = err_path.read_text(errors="replace")
+                                    start_new_session=True, cwd=cwd,
+                                    preexec_fn=die_with_parent(os.getpid()))
+            with REAPER.watch("group", pgid=proc.pid):
+                try:
+                    code, max_rss = _wait(proc, timeout_s)
+                finally:  # the timeout, SIGINT or SIGTERM: take the cell's group down
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    if proc.returncode is None:
+                        proc.wait()
+        oom_after = _oom_kills()
+        ended = Exit(code=code, stderr=err_path.read_text(errors="replace"),
+                     wrote_record=out.exists(), max_rss_bytes=max_rss,
+                     oom_kills=(oom_after - oom_before) if oom_before is not None
+                     and oom_after is not None else 0)
         elapsed = time.perf_counter() - start
-        if code is None:
-            record = _failure("timeout", f"cell exceeded its {timeout_s:.0f} s timeout",
-                              stderr_text)
-        elif out.exists():
+        record = classify(ended, timeout_s)
+        if record is None:
             record = Record.from_json(json.loads(out.read_text()), f"cell {cell.arm}")
             if record.error:
-                record.error.stderr_tail = stderr_text[-STDERR_TAIL:]
-        elif "stopped sending heartbeats" in stderr_text:
-            record = _failure("peer-died", "another process of this multi-process cell died "
-                                           "(no heartbeats); this one stopped instead of "
-                                           "hanging", stderr_text)
-        elif code < 0 and -code == signal.SIGKILL:
-            record = _failure("killed", "cell process was killed (SIGKILL: out of memory?)",
-                              stderr_text)
-        elif "RESOURCE_EXHAUSTED" in stderr_text or "Out of memory" in stderr_text:
-            record = _failure("oom", f"cell ran out of memory (exit code {code})", stderr_text)
-        else:
-            how = (f"was killed by {signal.Signals(-code).name}" if code < 0
-                   else f"exited with code {code}")
-            record = _failure("crash", f"cell process {how} without a record", stderr_text)
+                record.error.stderr_tail = ended.stderr[-STDERR_TAIL:]
     record.wall_s = elapsed
     return record
 
@@ -113,9 +196,18 @@ def schedule(cells: Sequence[CellRun], rounds: int) -> list[tuple[int, int, Cell
     return order
 
 
+_issued: set[str] = set()
+
+
 def new_run_id(prefix: str = "") -> str:
-    """A timestamp to the microsecond: two runs started in the same second differ."""
-    return prefix + datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    """A timestamp to the microsecond and this process's id, so two runs started at the
+    same moment on one host differ; within a process, an id never repeats."""
+    while True:
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        run_id = f"{prefix}{now}-p{os.getpid()}"
+        if run_id not in _issued:
+            _issued.add(run_id)
+            return run_id
 
 
 def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, str],
@@ -134,29 +226,44 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
     and only process 0 writes records.
     """
     run_id = run_id or new_run_id()
-    path = Path(out_dir) / f"{run_id}{'-' + suite if suite else ''}.jsonl"
+    path = results_path(out_dir, run_id, suite)
     records = []
     writer = distributed is None or distributed.get("process_id", 0) == 0
-    for k, (round_index, index, cell) in enumerate(schedule(cells, rounds)):
-        if distributed:
-            cell = dataclasses.replace(cell, distributed=_cell_distributed(distributed, k))
-        record = run_one(cell, env, timeout_s, cwd)
-        record.run_id, record.suite, record.arm = run_id, suite, cell.arm
-        record.round = first_round + round_index
-        record.spec = section(Spec, cell.spec)
-        record.config_hash = _config_hash(cell)
-        record.run = RunOptions(steps=cell.steps, warmup=cell.warmup, trace=cell.trace,
-                                trace_steps=cell.trace_steps, parity=cell.parity)
-        record.timestamp = datetime.datetime.now(datetime.UTC).isoformat()
-        record.ab = ab
-        if record.environment is None and environment is not None:
-            record.environment = section(Environment, environment)
-        if writer:
-            results.append(path, record)
-        records.append(record)
-        if on_record:
-            on_record(index, record)
+    order = schedule(cells, rounds)
+    with results.exclusive(path) if writer else contextlib.nullcontext():
+        for k, (round_index, index, cell) in enumerate(order):
+            if distributed:
+                cell = dataclasses.replace(cell, distributed=_cell_distributed(distributed, k))
+            record = run_one(cell, env, timeout_s, cwd)
+            record.run_id, record.suite, record.arm = run_id, suite, cell.arm
+            record.round = first_round + round_index
+            record.spec = section(Spec, cell.spec)
+            record.config_hash = _config_hash(cell)
+            record.run = RunOptions(steps=cell.steps, warmup=cell.warmup, trace=cell.trace,
+                                    trace_steps=cell.trace_steps, parity=cell.parity)
+            record.timestamp = datetime.datetime.now(datetime.UTC).isoformat()
+            record.ab = ab
+            if record.environment is None and environment is not None:
+                record.environment = section(Environment, environment)
+            if writer:
+                try:
+                    results.append(path, record)
+                except results.WriteError as err:
+                    lost = cell_name(cell.arm, record.spec) + f" round {record.round}"
+                    raise results.WriteError(
+                        f"{err}. Lost: the record of {lost}; {len(records)} earlier records "
+                        f"are kept, {len(order) - k - 1} cells did not run. Free space, then "
+                        f"run the rest with --run-id {run_id} (it appends to that file)"
+                    ) from err
+            records.append(record)
+            if on_record:
+                on_record(index, record)
     return path, records
+
+
+def results_path(out_dir: str | Path, run_id: str, suite: str | None = None) -> Path:
+    """The results file of run `run_id` (one JSON record per line)."""
+    return Path(out_dir) / f"{run_id}{'-' + suite if suite else ''}.jsonl"
 
 
 def _cell_distributed(distributed: dict, index: int) -> dict:

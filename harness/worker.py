@@ -33,6 +33,8 @@ from reports.record import (
 )
 
 STEP_ANNOTATION = "train"
+OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory")
+"""What XLA says, on any backend, when an allocation fails."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -286,8 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         init_distributed(run)
         record = run_cell(run)
     except Exception as err:  # recorded, not raised: the grid goes on
+        message = f"{type(err).__name__}: {err}"
+        oom = isinstance(err, MemoryError) or any(m in message for m in OOM_MARKERS)
         record = Record(status="failed", error=Failure(
-            reason="exception", message=f"{type(err).__name__}: {err}",
+            reason="oom" if oom else "exception", message=message,
             traceback=traceback.format_exc()[-4000:]))
     record.environment = section(Environment, environment())
     with open(args.out, "w") as out:

@@ -9,6 +9,7 @@ through the one statistics rule (`reports.stats`); cost metrics are compared exa
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import statistics
 from collections.abc import Sequence
@@ -86,9 +87,9 @@ def compare_cells(old: Cell, new: Cell, *, paired: bool = False,
     warnings = [f"{side}: {w}" for side, cell in (("old", old), ("new", new))
                 for w in ([*stats.warnings(cell.runs), *costs.nondeterministic(cell.ok)]
                           if cell.runs else [])]
-    failed = [f"{side}: {r.error.reason}: {r.error.message}"
-              for side, cell in (("old", old), ("new", new))
-              for r in cell.records if not r.ok]
+    failed = _counted(f"{side}: {r.error.reason}: {r.error.message}"
+                      for side, cell in (("old", old), ("new", new))
+                      for r in cell.records if not r.ok)
     if not old.runs or not new.runs:
         return CellComparison(name=new.name, old=old, new=new, timing=None, verdict=FAILED,
                               cost_changes=[], warnings=failed + warnings)
@@ -98,6 +99,12 @@ def compare_cells(old: Cell, new: Cell, *, paired: bool = False,
                           verdict=stats.verdict(timing, min_effect),
                           cost_changes=costs.changes(old.ok, new.ok),
                           warnings=failed + warnings)
+
+
+def _counted(lines) -> list[str]:
+    """Each distinct line once, in first-seen order, with ' (x N)' where it repeats."""
+    counts = collections.Counter(lines)
+    return [line + (f" (x {n})" if n > 1 else "") for line, n in counts.items()]
 
 
 def compare_sets(old: Sequence[Record], new: Sequence[Record], *, paired: bool = False,

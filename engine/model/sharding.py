@@ -59,23 +59,54 @@ BATCH_AXES = ("data", "fsdp")
 """Mesh axes the batch dimension is split over (`activation_batch`)."""
 
 
-def parse_mesh_spec(spec: str | Mapping[str, int] | None) -> dict[str, int]:
-    """'fsdp=4,tensor=2' (or a mapping) -> {'data': 1, 'fsdp': 4, 'tensor': 2}."""
+ALL_REMAINING = -1
+"""A mesh size meaning "every device the other axes leave" (e.g. fsdp=-1 spans the slice)."""
+
+
+def parse_mesh_spec(spec: str | Mapping[str, int] | None,
+                    device_count: int | None = None) -> dict[str, int]:
+    """'fsdp=4,tensor=2' (or a mapping) -> {'data': 1, 'fsdp': 4, 'tensor': 2}.
+
+    One axis may be -1: all remaining devices. With `device_count` it is resolved (the other
+    axes' product must divide the count); without, it stays -1 (the spec is only checked).
+    """
     shape = dict.fromkeys(MESH_AXES, 1)
     if not spec:
         return shape
+    usage = "write it as NAME=SIZE[,NAME=SIZE], e.g. 'fsdp=4,tensor=2' or 'fsdp=-1'"
     items = spec.items() if isinstance(spec, Mapping) else (
-        part.split("=", 1) for part in spec.split(",") if part.strip())
+        part.split("=", 1) for part in spec.split(","))
+    given = set()
     for item in items:
         if len(item) != 2:
-            raise ValueError(f"bad mesh spec {spec!r}; write it as e.g. 'fsdp=4,tensor=2'")
-        name, size = item[0].strip(), int(item[1])
+            raise ValueError(f"bad mesh spec {spec!r}; {usage}")
+        name, text = item[0].strip(), str(item[1]).strip()
         if name not in MESH_AXES:
             raise ValueError(f"unknown mesh axis {name!r} in {spec!r}; valid axes: "
                              f"{', '.join(MESH_AXES)}")
-        if size < 1:
-            raise ValueError(f"mesh axis {name}={size} must be >= 1")
+        if name in given:
+            raise ValueError(f"mesh axis {name!r} is given twice in {spec!r}; give each axis "
+                             "once")
+        given.add(name)
+        try:
+            size = int(text)
+        except ValueError:
+            raise ValueError(f"mesh axis {name}={text!r} in {spec!r}: a size is a positive "
+                             "integer, or -1 for all remaining devices") from None
+        if size < 1 and size != ALL_REMAINING:
+            raise ValueError(f"mesh axis {name}={size} must be >= 1, or -1 for all remaining "
+                             "devices")
         shape[name] = size
+    free = [name for name, size in shape.items() if size == ALL_REMAINING]
+    if len(free) > 1:
+        raise ValueError(f"mesh {spec!r} has {len(free)} axes of size -1; at most one axis "
+                         "can take all remaining devices")
+    if free and device_count is not None:
+        fixed = math.prod(size for size in shape.values() if size != ALL_REMAINING)
+        if device_count % fixed:
+            raise ValueError(f"mesh {spec!r}: the other axes ({fixed} devices) do not divide "
+                             f"the {device_count} devices; give explicit sizes")
+        shape[free[0]] = device_count // fixed
     return shape
 
 
@@ -85,11 +116,12 @@ def make_mesh(spec: str | Mapping[str, int] | None = None,
 
     Auto axes are what `with_sharding_constraint`-style models (ours and Tunix's) need;
     `jax.make_mesh` would otherwise default to Explicit axes. Without `devices`, the mesh
-    takes the first `prod(shape)` devices, so a 1-device mesh works on any host.
+    takes the first `prod(shape)` devices, so a 1-device mesh works on any host; a -1 axis
+    takes every device the others leave.
     """
-    shape = parse_mesh_spec(spec)
-    need = math.prod(shape.values())
     available = list(devices) if devices is not None else jax.devices()
+    shape = parse_mesh_spec(spec, len(available))
+    need = math.prod(shape.values())
     if need > len(available):
         raise ValueError(
             f"mesh {shape} needs {need} devices but {len(available)} are available; shrink the "
@@ -157,6 +189,7 @@ def check_fits(config: DecoderConfig, mesh: Mesh | Mapping[str, int],
     model field nor the fix.
     """
     sizes = dict(mesh.shape) if isinstance(mesh, Mesh) else parse_mesh_spec(mesh)
+    sizes = {k: 1 if v == ALL_REMAINING else v for k, v in sizes.items()}  # not known yet
     tensor, fsdp = sizes.get("tensor", 1), sizes.get("fsdp", 1)
     by_tensor = {"num_kv_heads": config.num_kv_heads, "num_heads": config.num_heads,
                  "mlp_dim": config.mlp_dim, "vocab_size": config.vocab_size,

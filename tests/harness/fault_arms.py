@@ -4,6 +4,7 @@ Loaded into `parity run` with `--plugin tests.harness.fault_arms`; never part of
 """
 
 import os
+import signal
 import time
 
 from arms.native import NativeArm
@@ -26,6 +27,12 @@ class _Faulty(NativeArm):
             raise RuntimeError("injected failure in step")
         if self.fault == "hang":
             time.sleep(3600)
+        if self.fault == "oom":  # a real allocation failure: XLA's RESOURCE_EXHAUSTED
+            import jax.numpy as jnp
+
+            jnp.zeros((1 << 44,), jnp.float32).block_until_ready()  # 64 TiB
+        if self.fault == "sigkill":  # killed from outside, as the OOM killer would
+            os.kill(os.getpid(), signal.SIGKILL)
         return super().step(micro_batches)
 
 
@@ -33,7 +40,7 @@ def _make(fault):
     return type(f"Fault_{fault}", (_Faulty,), {"fault": fault, "trainer": f"test-{fault}"})
 
 
-for _fault in ("raise", "exit", "hang"):
+for _fault in ("raise", "exit", "hang", "oom", "sigkill"):
     register(f"test-{_fault}", _make(_fault))
 
 

@@ -31,8 +31,10 @@ def _run(args, out, timeout=600):
 def test_two_processes_equal_one_process_with_eight_devices(tmp_path):
     single = _run(["run", "--arms", "engine", *CELL, "--cpu-devices", "8"], tmp_path / "one")
     assert single.returncode == 0, single.stdout + single.stderr
-    multi = _run(["launch", "-n", "2", "--", "--arms", "engine", *CELL, "--cpu-devices", "4"],
-                 tmp_path / "two")
+    # No --mesh: a multi-process run's default mesh spans every process's devices.
+    no_mesh = [a for a in CELL if a not in ("--mesh", "fsdp=8")]
+    multi = _run(["launch", "-n", "2", "--", "--arms", "engine", *no_mesh, "--cpu-devices",
+                  "4"], tmp_path / "two")
     assert multi.returncode == 0, multi.stdout + multi.stderr
     (one,) = results.read_dir(tmp_path / "one")
     files = list((tmp_path / "two").glob("*.jsonl"))
@@ -40,6 +42,7 @@ def test_two_processes_equal_one_process_with_eight_devices(tmp_path):
     (two,) = results.read(files[0])  # one record, written by process 0 only
     assert two.ok, two.error
     assert two.environment.process_count == 2 and two.environment.device_count == 8
+    assert two.spec.mesh == "fsdp=-1" and one.spec.mesh == "fsdp=8"
     assert one.environment.process_count == 1 and one.environment.device_count == 8
     assert [h.process for h in two.memory.hosts] == [0, 1]
     assert all(h.rss_delta_bytes is not None for h in two.memory.hosts)

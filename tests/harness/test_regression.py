@@ -137,3 +137,21 @@ def test_ab_refuses_unknown_refs_and_a_dirty_head(two_commits):
         assert dirty.returncode == 2 and "uncommitted changes" in dirty.stderr
     finally:
         subprocess.run(["git", "checkout", "README.md"], cwd=two_commits, check=True)
+
+
+def test_ab_when_every_cell_fails_writes_ab_md_and_exits_1(two_commits):
+    proc = _ab(two_commits, "HEAD", "HEAD", extra=["--arms", "test-exit", "--plugin",
+                                                   "tests.harness.fault_arms"])
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    text = (two_commits / "ab-out" / "ab.md").read_text()
+    assert "| test-exit tiny seq=128 batch=8 ga=1 | - | - | 0 / 0 | - | failed |" in text
+    assert "old: crash: cell process exited with code 1 without a record (x 6)" in text
+
+
+def test_ab_outside_a_git_checkout_says_so(tmp_path):
+    from harness import ab
+
+    with pytest.raises(ValueError, match="parity ab needs a git checkout of parity, and "
+                                         f"{tmp_path} is not one"):
+        ab.check_repo(tmp_path)

@@ -138,3 +138,33 @@ def test_env_prints_the_environment():
     assert env["backend"] == "cpu" and env["versions"]["jax"] == "0.11.2"
     assert env["versions"]["maxtext"] == "0.2.5" and env["python"].startswith("3.12.")
     assert len(env["git_sha"]) == 40
+
+
+def test_out_of_memory_is_recorded_as_oom_and_an_outside_sigkill_as_killed(tmp_path):
+    import tests.harness.fault_arms  # noqa: F401 - registers the test arms for expand()
+
+    cells = expand({**TINY, "arms": ["test-oom", "test-sigkill"], "parity": False})
+    cells = [dataclasses.replace(c, plugins=(PLUGIN,)) for c in cells]
+    _, records = run_grid(cells, tmp_path, env=_env(), timeout_s=300)
+    oom, killed = records
+    assert oom.error.reason == "oom", oom.error
+    assert "RESOURCE_EXHAUSTED: Out of memory allocating" in oom.error.message
+    assert killed.error.reason == "killed", killed.error
+    assert "SIGKILL from outside the harness" in killed.error.message
+    assert "peak RSS was" in killed.error.message
+
+
+def test_a_sigkill_the_kernel_counted_as_an_oom_kill_is_oom():
+    from harness.runner import Exit, classify
+
+    def reason(**ended):
+        return classify(Exit(**{"stderr": "", "wrote_record": False, **ended}), 60).error
+
+    assert reason(code=-signal.SIGKILL, oom_kills=1, max_rss_bytes=3 << 30).reason == "oom"
+    assert "OOM killer; its peak RSS was 3.00 GiB" in reason(
+        code=-signal.SIGKILL, oom_kills=1, max_rss_bytes=3 << 30).message
+    assert reason(code=-signal.SIGKILL).reason == "killed"
+    assert reason(code=1, stderr="jaxlib...RESOURCE_EXHAUSTED: ...").reason == "oom"
+    assert reason(code=None).reason == "timeout"
+    assert reason(code=-signal.SIGSEGV).reason == "crash"
+    assert classify(Exit(code=0, stderr="", wrote_record=True), 60) is None

@@ -86,6 +86,32 @@ def test_mesh_spec_errors_name_valid_axes_and_device_count(devices):
     assert dict(make_mesh("fsdp=4,tensor=2").shape) == {"data": 1, "fsdp": 4, "tensor": 2}
 
 
+def test_a_minus_one_mesh_axis_takes_every_remaining_device(devices):
+    assert parse_mesh_spec("fsdp=-1", 8) == {"data": 1, "fsdp": 8, "tensor": 1}
+    assert parse_mesh_spec("tensor=2,fsdp=-1", 8) == {"data": 1, "fsdp": 4, "tensor": 2}
+    assert parse_mesh_spec("fsdp=-1")["fsdp"] == -1  # unresolved without a device count
+    assert dict(make_mesh("fsdp=-1").shape) == {"data": 1, "fsdp": 8, "tensor": 1}
+    with pytest.raises(ValueError, match=r"the other axes \(3 devices\) do not divide the 8"):
+        parse_mesh_spec("data=3,fsdp=-1", 8)
+    with pytest.raises(ValueError, match="at most one axis can take all remaining devices"):
+        parse_mesh_spec("data=-1,fsdp=-1", 8)
+    with pytest.raises(ValueError, match="must be >= 1, or -1"):
+        parse_mesh_spec("fsdp=-2", 8)
+
+
+def test_the_tpu_suite_spans_a_slice_of_any_size():
+    from harness.grid import expand, load_suite
+
+    suite = load_suite("tpu7x-nightly")
+    assert suite["mesh"] == "fsdp=-1"
+    for chips in (8, 16, 32):  # GA 1: 32 rows per micro-batch, split over up to 32 chips
+        cells = expand({**suite, "ga": [1]}, mesh_sizes={"device_count": chips,
+                                                         "backend": "tpu"})
+        assert {c.spec["mesh"] for c in cells} == {"fsdp=-1"}
+    with pytest.raises(ValueError, match="micro-batch size 8 is not divisible"):
+        expand(suite, mesh_sizes={"device_count": 16, "backend": "tpu"})  # GA 4: 8 rows
+
+
 def test_build_decoder_places_params_per_logical_rules(devices):
     model = build_decoder(get_preset("tiny"), mesh=make_mesh("fsdp=4,tensor=2"))
     spec = model.layers[0].mlp.wi_0[...].sharding.spec

@@ -1,0 +1,113 @@
+"""The results store: records whole or absent (a full disk included), unique run ids, one
+writer per results file."""
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import results, runner
+from harness.grid import expand
+from reports.record import Failure, Record
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = {"preset": "tiny", "batch": 4, "steps": 2, "warmup": 1, "parity": False}
+
+
+def _env():
+    env = runner.cpu_env(None)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("XLA_FLAGS", None)
+    return env
+
+
+def _record(message: str = "x") -> Record:
+    return Record(status="failed", error=Failure(reason="crash", message=message))
+
+
+@pytest.fixture
+def small_disk(tmp_path, monkeypatch):
+    """A directory whose filesystem fills up after about one record: an 8 KiB tmpfs where
+    this test may mount one (root), else `os.write` in the results store fails with ENOSPC
+    after its first record, as a full disk does (a short write first)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(mount)],
+        capture_output=True).returncode == 0
+    if not mounted:
+        real_write, calls = os.write, []
+
+        def write(fd, data):
+            calls.append(len(data))
+            if len(calls) == 1:
+                return real_write(fd, data)
+            real_write(fd, data[:len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(results.os, "write", write)
+    yield mount
+    if mounted:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_disk_loses_one_named_cell_and_leaves_every_line_whole(small_disk):
+    cells = expand({**TINY, "arms": ["native"], "seq": [16, 32, 64]})
+    with pytest.raises(results.WriteError) as failure:
+        runner.run_grid(cells, small_disk, env=_env(), timeout_s=300, run_id="full")
+    message = str(failure.value)
+    assert "Lost: the record of native tiny seq=32 batch=4 ga=1 round 0" in message
+    assert "1 earlier records are kept, 1 cells did not run" in message
+    assert "--run-id full" in message
+    path = small_disk / "full.jsonl"
+    (kept,) = results.read(path)  # every line parses: the torn second one was truncated
+    assert kept.ok and kept.spec.seq == 16
+    assert path.read_bytes().endswith(b"\n")
+    results.check_appendable(path)  # a resumed run may append to it
+    assert not (small_disk / ".full.jsonl.lock").exists()
+
+
+def test_a_partial_last_line_is_refused_not_glued_onto(tmp_path):
+    path = tmp_path / "r.jsonl"
+    results.append(path, _record("first"))
+    with path.open("a") as f:
+        f.write('{"schema": 3, "status": "ok", "cu')  # a writer killed mid-line
+    size = path.stat().st_size
+    with pytest.raises(results.WriteError, match="ends in a partial line"):
+        results.append(path, _record("second"))
+    assert path.stat().st_size == size
+    with pytest.raises(ValueError, match=r"r.jsonl:2: not valid JSON"):
+        results.check_appendable(path)
+
+
+def test_run_ids_never_repeat_in_a_process_or_across_processes():
+    ids = [runner.new_run_id() for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    code = "from harness.runner import new_run_id; print(new_run_id('ab-'))"
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              env=_env()) for _ in range(2)]
+    others = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert len(set(others)) == 2 and all(o.startswith("ab-") for o in others)
+    assert [o.rsplit("-p", 1)[1] for o in others] == [str(p.pid) for p in procs]
+
+
+def test_two_writers_of_one_results_file_the_second_is_refused(tmp_path):
+    cells = expand({**TINY, "arms": ["native"], "seq": 16})
+    with results.exclusive(tmp_path / "same.jsonl"), \
+            pytest.raises(ValueError, match="being written by another parity process"):
+        runner.run_grid(cells, tmp_path, env=_env(), timeout_s=300, run_id="same")
+    assert not (tmp_path / "same.jsonl").exists()
+
+
+def test_the_lock_beside_a_results_file_names_its_holder_and_goes_with_it(tmp_path):
+    """The lock beside a results file exists only while its writer runs."""
+    path = tmp_path / "r.jsonl"
+    with results.exclusive(path):
+        assert (tmp_path / ".r.jsonl.lock").read_text() == str(os.getpid())
+        with pytest.raises(ValueError, match=rf"being written by another parity process "
+                                             rf"\(pid {os.getpid()}\)"), results.exclusive(path):
+            pass
+    assert list(tmp_path.iterdir()) == []
