@@ -140,7 +140,7 @@ def test_ab_refuses_unknown_refs_and_a_dirty_head(two_commits):
 
 
 def test_ab_when_every_cell_fails_writes_ab_md_and_exits_1(two_commits):
-    proc = _ab(two_commits, "HEAD", "HEAD", extra=["--arms", "test-exit", "--plugin",
+    proc = _ab(two_commits, "HEAD~1", "HEAD~1", extra=["--arms", "test-exit", "--plugin",
                                                    "tests.harness.fault_arms"])
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
