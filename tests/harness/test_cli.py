@@ -67,6 +67,8 @@ def _bad_values(tmp_path):
          "--plugin nosuch_module: cannot import it (No module named 'nosuch_module')"),
         (["report", str(tmp_path / "results"), "-o", "/proc/parity/parity.md"],
          "-o /proc/parity: cannot write in /proc"),
+        (["report", str(tmp_path / "missing"), "-o", str(tmp_path / "new" / "parity.md")],
+         "missing: no such results directory"),  # and `new/` is not created
         (["run", *CELL, "--mesh", "fsdp=", *out],
          "mesh axis fsdp='' in 'fsdp=': a size is a positive integer, or -1"),
         (["run", *CELL, "--mesh", "fsdp=2,fsdp=4", *out], "'fsdp' is given twice"),

@@ -139,12 +139,15 @@ def test_ab_refuses_unknown_refs_and_a_dirty_head(two_commits):
         subprocess.run(["git", "checkout", "README.md"], cwd=two_commits, check=True)
 
 
-def test_ab_when_every_cell_fails_writes_ab_md_and_exits_1(two_commits):
-    proc = _ab(two_commits, "HEAD~1", "HEAD~1", extra=["--arms", "test-exit", "--plugin",
-                                                   "tests.harness.fault_arms"])
+def test_ab_when_every_cell_fails_writes_ab_md_and_exits_1(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "ab", "HEAD", "HEAD", "--allow-dirty", *CELL,
+         "--arms", "test-exit", "--plugin", "tests.harness.fault_arms", "--rounds", "6",
+         "--out", str(tmp_path)], cwd=REPO, env=dict(_env(), PYTHONPATH=str(REPO)),
+        capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
-    text = (two_commits / "ab-out" / "ab.md").read_text()
+    text = (tmp_path / "ab.md").read_text()
     assert "| test-exit tiny seq=128 batch=8 ga=1 | - | - | 0 / 0 | - | failed |" in text
     assert "old: crash: cell process exited with code 1 without a record (x 6)" in text
 
