@@ -118,6 +118,10 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", action=argparse.BooleanOptionalAction, default=None,
                         help="capture a separate traced window after timing")
     parser.add_argument("--trace-steps", type=int, help="steps in the traced window")
+    parser.add_argument("--trace-hlo", action=argparse.BooleanOptionalAction, default=None,
+                        help="capture the traced window with the HLO proto, so xprof's "
+                             "memory_viewer and graph_viewer work (~1.5x bigger traces; "
+                             "implies --trace unless --no-trace is given)")
     parser.add_argument("--mesh", help="mesh, e.g. fsdp=8 or fsdp=4,tensor=2")
     parser.add_argument("--dtype", choices=[*DTYPES, *DTYPES.values()], help="compute dtype")
     parser.add_argument("--loss", choices=list(LOSSES), help="workload loss")
@@ -149,8 +153,12 @@ def run_options(args: argparse.Namespace, defaults: dict | None = None) -> dict:
         "scan_layers": args.scan_layers, "remat": args.remat,
     }
     options.update({k: v for k, v in explicit.items() if v is not None})
+    if args.trace_hlo is not None:
+        options["trace_hlo"] = args.trace_hlo
     if args.trace is not None:
         options["trace"] = args.trace
+    elif args.trace_hlo or (options.get("trace_hlo") and "trace" not in options):
+        options["trace"] = True  # asking for the HLO proto is asking for a trace
     if args.no_parity:
         options["parity"] = False
     options.setdefault("arms", list(DEFAULT_ARMS))
@@ -183,7 +191,8 @@ class Grid:
         available = {**self.environment,
                      "device_count": self.environment["device_count"] * processes}
         cells = grid.expand(self.options, mesh_sizes=available)
-        trace_dir = str(out / "traces") if self.options.get("trace") else None
+        # Absolute: cells may run elsewhere (an A/B worktree) and records outlive the cwd.
+        trace_dir = str((out / "traces").absolute()) if self.options.get("trace") else None
         self.cells = [dataclasses.replace(c, trace_dir=trace_dir, plugins=plugins)
                       for c in cells]
         self.out, self.timeout_s = out, self.options.get("timeout_s", 600)
@@ -314,6 +323,7 @@ class Run(Command):
     @classmethod
     def run(cls, args):
         from harness import console
+        from reports import viewers
 
         distributed = _distributed(args)
         grid = Grid(args, args.out, processes=args.num_processes or 1, run_id=args.run_id)
@@ -322,9 +332,9 @@ class Run(Command):
         if args.process_id:
             return code
         print(console.table(records))
-        if any(r.trace for r in records):
-            print(f"\ntraces: open with `xprof --logdir {args.out / 'traces'}` "
-                  "(or TensorBoard's profile plugin)")
+        hint = viewers.hint(records)
+        if hint:
+            print(f"\n{hint}")
         print(f"\nrecords: {path}")
         return code
 

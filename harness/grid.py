@@ -16,7 +16,7 @@ from engine.model import check_fits, parse_mesh_spec
 from harness.worker import CellRun
 
 SUITES_DIR = Path(__file__).parent / "suites"
-RUN_KEYS = ("steps", "warmup", "trace", "trace_steps", "parity")
+RUN_KEYS = ("steps", "warmup", "trace", "trace_steps", "trace_hlo", "parity")
 GRID_KEYS = ("preset", "seq", "batch", "ga")
 SUITE_ONLY_KEYS = ("description", "arms", "timeout_s", "ragged", "regression_threshold",
                    "cpu_devices", "rounds")

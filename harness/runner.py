@@ -7,6 +7,7 @@ import dataclasses
 import datetime
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -234,13 +235,17 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
         for k, (round_index, index, cell) in enumerate(order):
             if distributed:
                 cell = dataclasses.replace(cell, distributed=_cell_distributed(distributed, k))
+            if cell.trace:
+                cell = dataclasses.replace(cell, trace_session=trace_session(
+                    run_id, cell, first_round + round_index))
             record = run_one(cell, env, timeout_s, cwd)
             record.run_id, record.suite, record.arm = run_id, suite, cell.arm
             record.round = first_round + round_index
             record.spec = section(Spec, cell.spec)
             record.config_hash = _config_hash(cell)
             record.run = RunOptions(steps=cell.steps, warmup=cell.warmup, trace=cell.trace,
-                                    trace_steps=cell.trace_steps, parity=cell.parity)
+                                    trace_steps=cell.trace_steps, parity=cell.parity,
+                                    trace_hlo=cell.trace_hlo)
             record.timestamp = datetime.datetime.now(datetime.UTC).isoformat()
             record.ab = ab
             if record.environment is None and environment is not None:
@@ -264,6 +269,25 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
 def results_path(out_dir: str | Path, run_id: str, suite: str | None = None) -> Path:
     """The results file of run `run_id` (one JSON record per line)."""
     return Path(out_dir) / f"{run_id}{'-' + suite if suite else ''}.jsonl"
+
+
+def trace_session(run_id: str, cell: CellRun, round_index: int = 0) -> str:
+    """Where a cell's capture goes below the trace root:
+    '<run id>/<arm>-<preset>-s<seq>-b<batch>-ga<ga>', with '-r<round>' for a round other than 0
+    (only round 0 traces today).
+    The grid varies only these keys within a run, so the name tells the cells apart; a cell
+    listed twice gets '-2' from the capture (harness.trace.claim_directory)."""
+    spec = cell.spec
+    name = f"{cell.arm}-{spec['preset']}-s{spec['seq']}-b{spec['batch']}-ga{spec['ga']}"
+    if round_index:
+        name += f"-r{round_index}"
+    return f"{_path_safe(run_id)}/{_path_safe(name)}"
+
+
+def _path_safe(name: str) -> str:
+    """`name` as one path component: a character that is not a letter, digit, '.', '_' or
+    '-' (e.g. the ':' of an 'engine:maxtext' arm, a '/' in a run id) becomes '_'."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
 def _cell_distributed(distributed: dict, index: int) -> dict:

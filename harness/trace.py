@@ -9,6 +9,11 @@ Layouts: on CPU there is no device plane; executions appear on host threads
 On accelerators xprof's schema puts ops on `/device:GPU:N` or `/device:TPU:N` planes (lines
 "XLA Ops" / "XLA Modules"); that layout is read by the same code but awaits a run on
 hardware to be confirmed.
+
+On disk (`capture`): `<trace root>/<run id>/<cell>/plugins/profile/<timestamp>/<host>.xplane.pb`,
+where `<cell>` is `<arm>-<preset>-s<seq>-b<batch>-ga<ga>` (harness.runner.trace_session). Any
+directory above `plugins/` is a logdir xprof and TensorBoard's profile plugin open: a cell's,
+or a whole run's (the cells then appear as `<cell>/<timestamp>` sessions).
 """
 
 from __future__ import annotations
@@ -39,21 +44,50 @@ class StepTrace:
     """Union of the executions' op intervals (device-busy time; on CPU, compute threads)."""
 
 
-def profiler_options() -> jax.profiler.ProfileOptions:
+def profiler_options(hlo: bool = False) -> jax.profiler.ProfileOptions:
+    """What the profiler records. `hlo` adds each executed module's HLO proto to the trace:
+    xprof's memory_viewer and graph_viewer read nothing else (without it they are absent
+    from the tool list), at the price of ~1.5x bigger files."""
     options = jax.profiler.ProfileOptions()
     options.python_tracer_level = 0  # no Python call tracing: small, cheap traces
-    options.enable_hlo_proto = False
+    options.enable_hlo_proto = hlo
     return options
 
 
 @contextlib.contextmanager
-def capture(logdir: str | None = None) -> Iterator[str]:
-    """Traces into a fresh directory (two captures in one second would otherwise collide)."""
+def capture(logdir: str | None = None, *, session: str | None = None,
+            hlo: bool = False) -> Iterator[str]:
+    """Traces into a directory of its own under `logdir` (default: the temp dir) and yields it.
+
+    With `session` (e.g. '<run id>/<cell>') that directory is `logdir/session`, or
+    `session-2`, `-3`, ... when it exists: a rerun never writes into an earlier capture.
+    Without, it is a fresh random `trace-*` directory. Either way one directory holds one
+    capture: the profiler names its files by the second, so two captures in one second into
+    one directory would collide.
+    """
     parent = logdir or tempfile.gettempdir()
     os.makedirs(parent, exist_ok=True)
-    directory = tempfile.mkdtemp(prefix="trace-", dir=parent)
-    with jax.profiler.trace(directory, profiler_options=profiler_options()):
+    if session:
+        directory = claim_directory(os.path.join(parent, session))
+    else:
+        directory = tempfile.mkdtemp(prefix="trace-", dir=parent)
+    with jax.profiler.trace(directory, profiler_options=profiler_options(hlo)):
         yield directory
+
+
+def claim_directory(path: str) -> str:
+    """Creates `path`, or the first of `path-2`, `path-3`, ... that does not exist, and
+    returns it. `os.mkdir` fails when the directory exists, atomically, so two processes
+    (a rerun, or the processes of one multi-process cell on one host) never share one."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    candidate, number = path, 1
+    while True:
+        try:
+            os.mkdir(candidate)
+            return candidate
+        except FileExistsError:
+            number += 1
+            candidate = f"{path}-{number}"
 
 
 def find_xplane(directory: str) -> str:

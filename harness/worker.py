@@ -54,7 +54,15 @@ class CellRun:
     trace_steps: int = 3
     """Steps in the traced window."""
     trace_dir: str | None = None
-    """Parent directory for the trace (a fresh subdirectory per capture)."""
+    """Root directory of the traces (None: the temp dir); the capture goes to a directory of
+    its own below it (`trace_session`)."""
+    trace_session: str | None = None
+    """Path of this cell's capture below `trace_dir`, set by the runner:
+    '<run id>/<arm>-<preset>-s<seq>-b<batch>-ga<ga>' (with `-2`, `-3`, ... appended where it
+    exists); None: a fresh random `trace-*` directory."""
+    trace_hlo: bool = False
+    """Capture the traced window with each module's HLO proto, which xprof's memory_viewer
+    and graph_viewer need (~1.5x bigger trace files)."""
     parity: bool = True
     """Compare the first step's captured gradient with the exact reference."""
     plugins: tuple[str, ...] = ()
@@ -239,7 +247,8 @@ def _traced_window(arm, batches, run: CellRun) -> Trace:
 
     from harness import trace
 
-    with trace.capture(run.trace_dir) as directory:
+    with trace.capture(run.trace_dir, session=run.trace_session,
+                       hlo=run.trace_hlo) as directory:
         for i in range(run.trace_steps):
             with jax.profiler.StepTraceAnnotation(STEP_ANNOTATION, step_num=i):
                 _block(arm.step(batches))

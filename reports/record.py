@@ -66,6 +66,9 @@ class RunOptions:
     trace: bool
     trace_steps: int
     parity: bool
+    trace_hlo: bool = False
+    """The traced window was captured with the HLO proto (xprof's memory_viewer and
+    graph_viewer work on it)."""
 
 
 @_section
@@ -202,6 +205,8 @@ class Trace:
 
     xplane: str
     logdir: str
+    """The capture's directory, '<trace root>/<run id>/<cell>': the `--logdir` of xprof or
+    TensorBoard (reports.viewers.viewer_commands)."""
     executions_per_step: list[int]
     modules_per_step: list[list[str]]
     step_ms: list[float]

@@ -49,6 +49,11 @@ def test_failing_cells_are_recorded_and_the_grid_completes(tmp_path):
     assert by_arm["native"].trace.executions_per_step == [1, 1]
     assert by_arm["engine"].trace.executions_per_step == [2, 2]
     assert Path(by_arm["engine"].trace.xplane).exists()
+    # Each traced cell's capture is named after its run and cell, below the trace root.
+    for arm in ("native", "engine"):
+        cell_dir = tmp_path / path.stem / f"{arm}-tiny-s16-b4-ga1"
+        assert by_arm[arm].trace.logdir == str(cell_dir)
+        assert Path(by_arm[arm].trace.xplane).is_relative_to(cell_dir)
     # Every record is on disk, in order, as valid JSONL, and reads back as it was written.
     assert results.read(path) == records
     ok = by_arm["native"]
