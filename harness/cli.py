@@ -558,15 +558,23 @@ class Compare(Command):
 class Report(Command):
     name = "report"
     help = "write the markdown parity document and plots from results"
-    description = ("Reads every *.jsonl record under RESULTS and writes a markdown document "
-                   "with PNG plots beside it (relative links).")
+    description = ("Reads every *.jsonl record under RESULTS and writes a markdown document: a "
+                   "summary first, then the detailed tables folded, with PNG plots beside it "
+                   "(relative links) or embedded (--embed-images).")
 
     @classmethod
     def setup(cls, parser):
+        from reports import baseline
+
         parser.add_argument("results", type=Path, help="results directory or .jsonl file")
         parser.add_argument("-o", "--output", type=Path, default=Path("parity.md"))
-        parser.add_argument("--baseline-arm", default="peft-decoder",
-                            help="arm the speedup and memory ratios are taken against")
+        parser.add_argument("--baseline-arm", default=None,
+                            help="arm the speedup and memory ratios are taken against "
+                                 f"(default: {baseline.describe()})")
+        parser.add_argument("--embed-images", action="store_true",
+                            help="write the plots into the markdown as data:image/png;base64 "
+                                 "URIs, so a pasted document keeps them (default: PNG files "
+                                 "beside it, linked relative to it)")
 
     @classmethod
     def run(cls, args):
@@ -577,7 +585,8 @@ class Report(Command):
         results.check_writable(args.output.parent, "-o")
         if args.output.is_dir():
             raise ValueError(f"-o {args.output} is a directory; give the .md file to write")
-        render(args.results, args.output, baseline_arm=args.baseline_arm)
+        render(args.results, args.output, baseline_arm=args.baseline_arm,
+               embed_images=args.embed_images)
         print(f"report: {args.output}")
         return 0
 

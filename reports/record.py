@@ -193,10 +193,11 @@ class Parity:
     """The loss the trainer reported for that step."""
     exact_loss: float
     loss_rel_error: float | None
-    grad_l2: float
+    grad_l2: float | None
+    """||g||; None when not finite (JSON has no NaN: the store writes null)."""
     exact_grad_l2: float
-    rel_l2: float
-    """||g - g_exact|| / ||g_exact||."""
+    rel_l2: float | None
+    """||g - g_exact|| / ||g_exact||; None when not finite (a NaN or inf gradient)."""
 
 
 @_section

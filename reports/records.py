@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from reports.parity import judge
 from reports.record import Environment, Record, RecordError
 
 ResultsError = RecordError
@@ -133,6 +134,7 @@ def _row(records: list[Record]) -> dict:
         "executables": memory.executables if memory else {},
         "calls_per_step": cost.calls_per_step if cost else {},
         **_parity_columns(parity), **_trace_columns(trace),
+        "parity_verdict": judge(r.arm, spec, parity),
     }
 
 

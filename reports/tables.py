@@ -1,34 +1,63 @@
-"""Markdown tables from the results DataFrame (pure functions: frame in, text out)."""
+"""Markdown tables from the results DataFrame (pure functions: frame in, text out).
+
+Rows are grouped by shape (the shape label is written once, on the first row of its group)
+and a column with no value in any row is left out, with a note saying which and why.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
 from reports import stats
+from reports.parity import GRAD_TOLERANCE, ParityVerdict
 from reports.record import ExecutableMemory
 
 SHAPE = ["preset", "seq", "batch", "ga", "mesh", "dtype"]
 NATIVE = "native"
+MISSING = "-"
+"""What a cell without a value shows; a column of nothing else is dropped."""
 
 
-def markdown(header: Sequence[str], rows: Sequence[Sequence]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+def markdown(header: Sequence[str], rows: Sequence[Sequence], *, group: int = 1,
+             why: Mapping[str, str] | None = None) -> str:
+    """A markdown table. The first `group` columns are written only where they change (a
+    column is blanked while it and every column before it repeat the row above). A column
+    that is MISSING in every row is left out and named in a note below the table, with its
+    reason from `why` where given."""
+    rows = [[str(c) for c in row] for row in rows]
+    keep = [i for i in range(len(header))
+            if not rows or any(row[i] != MISSING for row in rows)]
+    dropped = [header[i] for i in range(len(header)) if i not in keep]
+    shown = []
+    for n, row in enumerate(rows):
+        cells = list(row)
+        for i in range(min(group, len(cells))):
+            if n and row[:i + 1] == rows[n - 1][:i + 1]:
+                cells[i] = ""
+        shown.append([cells[i] for i in keep])
+    lines = ["| " + " | ".join(header[i] for i in keep) + " |",
+             "|" + "|".join(["---"] * len(keep)) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in shown]
+    if dropped:
+        why = why or {}
+        named = [f"{name} ({why[name]})" if name in why else name for name in dropped]
+        lines += ["", f"Not shown, no value in any row: {', '.join(named)}."]
     return "\n".join(lines)
 
 
-def _f(value, spec=".1f", missing="-") -> str:
+def _f(value, spec=".1f") -> str:
     if value is None or (isinstance(value, float) and pd.isna(value)):
-        return missing
+        return MISSING
     return format(value, spec)
 
 
 def _bytes(value) -> str:
     if value is None or pd.isna(value):
-        return "-"
+        return MISSING
     return f"{value / 2**20:.1f} MiB"
 
 
@@ -39,6 +68,17 @@ def shape_label(row) -> str:
 
 def ok(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["status"] == "ok"]
+
+
+def by_shape(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows with each shape's rows together, shapes in order of first appearance (a
+    stable reorder: arms keep their order inside a shape)."""
+    if df.empty:
+        return df
+    labels = [shape_label(r) for _, r in df.iterrows()]
+    first = {label: n for n, label in reversed(list(enumerate(labels)))}
+    order = sorted(range(len(df)), key=lambda n: first[labels[n]])
+    return df.iloc[order]
 
 
 def _arm_label(arm: str, about: str) -> str:
@@ -69,7 +109,7 @@ def setup(df: pd.DataFrame) -> str:
     return markdown(["setup", "value"], rows)
 
 
-def _same_shape(df: pd.DataFrame, row, arm: str) -> pd.DataFrame:
+def same_shape(df: pd.DataFrame, row, arm: str) -> pd.DataFrame:
     same = df[df["arm"] == arm]
     for col in SHAPE:
         same = same[same[col] == row[col]]
@@ -81,19 +121,64 @@ ARM_VIEW = {stats.SLOWER: "faster", stats.FASTER: "slower", stats.SAME: "within 
 """stats.verdict of (old = the arm, new = the other arm), said from the arm's side."""
 
 
-def _speedup(df: pd.DataFrame, row, other_arm: str) -> tuple[str, str]:
-    """(median(other)/median(arm) as "1.23x [CI]", verdict) for the same shape, by the one
-    statistics rule (reports.stats); rounds that ran interleaved are compared as pairs."""
-    if row["arm"] == other_arm:
-        return "1.00x", ""
-    same = _same_shape(df, row, other_arm)
+@functools.lru_cache(maxsize=4096)
+def _compare(arm_runs: tuple, other_runs: tuple, paired: bool) -> stats.Comparison:
+    """stats.compare, remembered: every table, the summary and the chart ask for the same
+    pairs, and one bootstrap is 10,000 resamples."""
+    return stats.compare(arm_runs, other_runs, paired=paired)
+
+
+def speedup(df: pd.DataFrame, row, other_arm: str) -> stats.Comparison | None:
+    """median(other) / median(arm) with its CI for the same shape (above 1: the arm is
+    faster), by the one statistics rule; rounds that ran interleaved compare as pairs.
+    None when the other arm has no timed cell of this shape."""
+    same = same_shape(ok(df), row, other_arm)
     if same.empty:
-        return "-", ""
+        return None
     other = same.iloc[0]
     # Rounds of one run ran interleaved (this arm's round r next to the other's): pairs.
     paired = [run for run, _ in other["round_ids"]] == [run for run, _ in row["round_ids"]]
-    c = stats.compare(row["runs"], other["runs"], paired=paired)
+    return _compare(tuple(map(tuple, row["runs"])), tuple(map(tuple, other["runs"])), paired)
+
+
+def speedup_text(df: pd.DataFrame, row, other_arm: str) -> tuple[str, str]:
+    """("1.23x [1.05, 1.40]", the arm's verdict) against `other_arm`; ("1.00x", "") for the
+    arm itself, (MISSING, "") where the other arm has no cell of this shape."""
+    if row["arm"] == other_arm:
+        return "1.00x", ""
+    c = speedup(df, row, other_arm)
+    if c is None:
+        return MISSING, ""
     return f"{c.ratio:.2f}x [{c.low:.2f}, {c.high:.2f}]", ARM_VIEW[stats.verdict(c)]
+
+
+def verdict_of(row) -> ParityVerdict | None:
+    value = row["parity_verdict"]
+    return value if isinstance(value, ParityVerdict) else None
+
+
+def fails_parity(row) -> bool:
+    verdict = verdict_of(row)
+    return verdict is not None and not verdict.passed
+
+
+def not_comparable(df: pd.DataFrame, row, other_arm: str) -> str:
+    """Why the arm's time is not comparable with `other_arm`'s at this shape ('' if it is):
+    one of them fails gradient parity, so they do not do the same work."""
+    if row["arm"] == other_arm:
+        return ""
+    mine = fails_parity(row)
+    theirs = any(fails_parity(o) for _, o in same_shape(ok(df), row, other_arm).iterrows())
+    if not (mine or theirs):
+        return ""
+    who = "both fail" if mine and theirs else "fails" if mine else f"{other_arm} fails"
+    return f"not comparable work ({who} parity)"
+
+
+def parity_cell(row) -> str:
+    """'PASS', 'FAIL' or 'not checked'."""
+    verdict = verdict_of(row)
+    return verdict.status if verdict else "not checked"
 
 
 def _median_ci(r) -> str:
@@ -103,16 +188,20 @@ def _median_ci(r) -> str:
 
 
 def timing(df: pd.DataFrame, baseline_arm: str) -> str:
+    frame = by_shape(ok(df))
     rows = []
-    for _, r in ok(df).iterrows():
-        vs_base, base_noise = _speedup(ok(df), r, baseline_arm)
-        vs_native, _ = _speedup(ok(df), r, NATIVE)
+    for _, r in frame.iterrows():
+        vs_base, base_verdict = speedup_text(frame, r, baseline_arm)
+        caveat = not_comparable(frame, r, baseline_arm)
+        vs_native = speedup_text(frame, r, NATIVE)[0] if baseline_arm != NATIVE else MISSING
         rows.append((shape_label(r), r["arm"], r["rounds"], _median_ci(r), _f(r["mean_ms"]),
-                     _f(r["max_ms"]), _f(r["tokens_per_s"], ".0f"), vs_base, base_noise,
-                     vs_native))
+                     _f(r["max_ms"]), _f(r["tokens_per_s"], ".0f"), vs_base,
+                     "; ".join(v for v in (base_verdict, caveat) if v), vs_native,
+                     parity_cell(r)))
     return markdown(["shape", "arm", "rounds", "median ms [95% CI over rounds]", "mean ms",
                      "max ms", "tok/s", f"speedup vs {baseline_arm} [95% CI]", "vs baseline",
-                     "speedup vs native"], rows)
+                     "speedup vs native", "gradient parity"], rows,
+                    why={"speedup vs native": "native is the baseline or absent"})
 
 
 def _gflop(value) -> str:
@@ -122,22 +211,25 @@ def _gflop(value) -> str:
 def cost(df: pd.DataFrame) -> str:
     """Model FLOPs (one formula for every arm), compiled FLOPs and bytes (XLA, loop-aware)."""
     rows = []
-    for _, r in ok(df).iterrows():
+    frame = by_shape(ok(df))
+    for _, r in frame.iterrows():
         model, compiled = r["model_flops_per_step"], r["compiled_flops_per_step"]
         ratio = (f"{compiled * r['device_count'] / model:.2f}"
                  if model and compiled and not pd.isna(compiled) and r["device_count"]
-                 else "-")
+                 else MISSING)
         rows.append((shape_label(r), r["arm"], _gflop(model), _gflop(compiled), ratio,
                      _bytes(r["bytes_accessed_per_step"]),
                      _f(None if r["model_flops_per_s"] is None
                         else r["model_flops_per_s"] / 1e12, ".4f"),
-                     _f(r["mfu"], ".1%", "- (peak unknown)"),
-                     _f(r["executions_per_step"], ".0f"), _f(r["compiles"], ".0f")))
+                     _f(r["mfu"], ".1%"), _f(r["executions_per_step"], ".0f"),
+                     _f(r["compiles"], ".0f")))
     unavailable = [f"- {shape_label(r)} {r['arm']}: {r['cost_unavailable']}"
-                   for _, r in ok(df).iterrows() if r["cost_unavailable"]]
+                   for _, r in frame.iterrows() if r["cost_unavailable"]]
     text = markdown(["shape", "arm", "model GFLOP/step", "compiled GFLOP/step per device",
                      "compiled x devices / model", "bytes accessed/step", "model TFLOP/s", "MFU",
-                     "executions/step", "compiles"], rows)
+                     "executions/step", "compiles"], rows,
+                    why={"MFU": "needs model FLOPs and the device's peak FLOP/s",
+                         "compiles": "not in these records"})
     if unavailable:
         text += "\n\nCompiled cost unavailable:\n" + "\n".join(unavailable)
     return text
@@ -145,20 +237,17 @@ def cost(df: pd.DataFrame) -> str:
 
 def memory(df: pd.DataFrame, baseline_arm: str) -> str:
     rows = []
-    frame = ok(df)
+    frame = by_shape(ok(df))
     for _, r in frame.iterrows():
-        base = frame[(frame["arm"] == baseline_arm)]
-        for col in SHAPE:
-            base = base[base[col] == r[col]]
+        base = same_shape(frame, r, baseline_arm)
         ratio = (f"{r['planned_bytes'] / base.iloc[0]['planned_bytes']:.2f}x"
                  if not base.empty and r["planned_bytes"] and base.iloc[0]["planned_bytes"]
-                 else "-")
-        measured = _bytes(r["peak_bytes"]) if r["peak_bytes"] is not None and not pd.isna(
-            r["peak_bytes"]) else "n/a (backend has no memory_stats)"
-        rows.append((shape_label(r), r["arm"], measured, _bytes(r["planned_bytes"]), ratio,
-                     _bytes(r["rss_delta_bytes"])))
+                 else MISSING)
+        rows.append((shape_label(r), r["arm"], _bytes(r["peak_bytes"]),
+                     _bytes(r["planned_bytes"]), ratio, _bytes(r["rss_delta_bytes"])))
     return markdown(["shape", "arm", "peak measured", "planned (largest executable)",
-                     f"planned vs {baseline_arm}", "RSS high-water delta"], rows)
+                     f"planned vs {baseline_arm}", "RSS high-water delta"], rows,
+                    why={"peak measured": "the backend has no memory_stats"})
 
 
 def executables(df: pd.DataFrame) -> str:
@@ -166,44 +255,53 @@ def executables(df: pd.DataFrame) -> str:
     gives (a field added to `ExecutableMemory` appears here with no other change)."""
     fields = [f.name for f in dataclasses.fields(ExecutableMemory)]
     rows = []
-    for _, r in ok(df).iterrows():
+    for _, r in by_shape(ok(df)).iterrows():
         for name, planned in r["executables"].items():
-            values = [_bytes(getattr(planned, f)) if planned else "-" for f in fields]
+            values = [_bytes(getattr(planned, f)) if planned else MISSING for f in fields]
             rows.append((shape_label(r), r["arm"], name,
                          _f(r["calls_per_step"].get(name), "d"), *values))
-    return markdown(["shape", "arm", "executable", "calls/step", *fields], rows)
+    return markdown(["shape", "arm", "executable", "calls/step", *fields], rows, group=2)
 
 
 def parity(df: pd.DataFrame) -> str:
     rows = []
-    for _, r in ok(df).iterrows():
-        dens = "/".join(f"{d:g}" for d in r["denominators"]) if r["denominators"] else "-"
+    for _, r in by_shape(ok(df)).iterrows():
+        dens = "/".join(f"{d:g}" for d in r["denominators"]) if r["denominators"] else MISSING
+        verdict = verdict_of(r)
         rows.append((shape_label(r), r["arm"], dens, _f(r["denominator"], "g"),
                      _f(r["loss"], ".6f"), _f(r["exact_loss"], ".6f"), _f(r["grad_l2"], ".5f"),
-                     _f(r["rel_l2"], ".2e"), (r["data_digest"] or "-")[:12]))
+                     _f(r["rel_l2"], ".2e"),
+                     f"{verdict.status}{': ' + verdict.cause if verdict.cause else ''}"
+                     if verdict else "not checked",
+                     (r["data_digest"] or MISSING)[:12]))
     return markdown(["shape", "arm", "micro-batch denominators", "sum", "loss (trainer)",
-                     "exact loss", "gradient L2", "rel_l2 vs exact", "data"], rows)
+                     "exact loss", "gradient L2", "rel_l2 vs exact",
+                     f"verdict (PASS <= {GRAD_TOLERANCE:g})", "data"], rows)
 
 
 def traced(df: pd.DataFrame) -> str:
     rows = []
-    for _, r in ok(df).iterrows():
+    for _, r in by_shape(ok(df)).iterrows():
+        gc = (MISSING if r["gc_count"] is None or pd.isna(r["gc_count"])
+              else f"{r['gc_count']:.0f} / {_f(r['gc_ms'], '.1f')} ms")
         rows.append((shape_label(r), r["arm"], _f(r["trace_executions"], ".0f"),
                      _f(r["trace_step_ms"]), _f(r["trace_busy_ms"]), _f(r["trace_host_ms"]),
-                     _f(r["dispatch_ms"], ".2f"), f"{_f(r['gc_count'], '.0f')} / "
-                     f"{_f(r['gc_ms'], '.1f')} ms", _f(r["recompiles"], ".0f")))
+                     _f(r["dispatch_ms"], ".2f"), gc, _f(r["recompiles"], ".0f")))
     return markdown(["shape", "arm", "executions/step (trace)", "traced ms/step",
                      "busy ms (trace)", "host ms (trace)", "dispatch ms (untraced)",
-                     "GC pauses (untraced)", "recompiles after warmup"], rows)
+                     "GC pauses (untraced)", "recompiles after warmup"], rows,
+                    why={name: "no traced window" for name in (
+                        "executions/step (trace)", "traced ms/step", "busy ms (trace)",
+                        "host ms (trace)")})
 
 
 def noise(df: pd.DataFrame, baseline_arm: str) -> str:
-    frame = ok(df)
+    frame = by_shape(ok(df))
     rows = [(shape_label(r), r["arm"], r["rounds"], _f(r["cv"], ".3f"), len(r["step_ms"]),
-             "; ".join(r["warnings"]) or "-") for _, r in frame.iterrows()]
+             "; ".join(r["warnings"]) or MISSING) for _, r in frame.iterrows()]
     within = []
     for _, r in frame.iterrows():
-        ratio, verdict = _speedup(frame, r, baseline_arm)
+        ratio, verdict = speedup_text(frame, r, baseline_arm)
         if verdict in ("within noise", "too few samples"):
             within.append(f"- {shape_label(r)}: {r['arm']} vs {baseline_arm} {ratio}: "
                           f"{verdict}")
@@ -212,18 +310,28 @@ def noise(df: pd.DataFrame, baseline_arm: str) -> str:
     text += ("\n\nNo verdict (CI includes 1.00x, the difference is under "
              f"{stats.MIN_EFFECT:.0%}, or too few rounds of {stats.MIN_STEPS}+ steps for 95% to "
              "be reachable):\n" + ("\n".join(within) if within else "- none"))
-    recompiled = [f"- {shape_label(r)}: {r['arm']} compiled {r['recompiles']:.0f} more time(s)"
-                  for _, r in frame.iterrows() if r["recompiles"]]
+    recompiled = recompiles(frame)
     text += ("\n\nCells that compiled after warmup (their timings include compilation; a "
-             "trainer that recompiles mid-run):\n" + ("\n".join(recompiled) or "- none"))
+             "trainer that recompiles mid-run):\n"
+             + ("\n".join(f"- {line}" for line in recompiled) or "- none"))
     return text
 
 
+def recompiles(df: pd.DataFrame) -> list[str]:
+    """'<shape>: <arm> compiled N more time(s)' for every cell that compiled after warmup."""
+    return [f"{shape_label(r)}: {r['arm']} compiled {r['recompiles']:.0f} more time(s)"
+            for _, r in by_shape(ok(df)).iterrows()
+            if r["recompiles"] and not pd.isna(r["recompiles"])]
+
+
+def failure_message(row, limit: int = 200) -> str:
+    return str(row["error_message"]).replace("|", "\\|").replace("\n", " ")[:limit]
+
+
 def failures(df: pd.DataFrame) -> str:
-    bad = df[df["status"] != "ok"]
+    bad = by_shape(df[df["status"] != "ok"])
     if bad.empty:
         return "No failed cells."
-    rows = [(shape_label(r), r["arm"], r["error_reason"],
-             str(r["error_message"]).replace("|", "\\|").replace("\n", " ")[:200])
+    rows = [(shape_label(r), r["arm"], r["error_reason"], failure_message(r))
             for _, r in bad.iterrows()]
     return markdown(["shape", "arm", "reason", "message"], rows)

@@ -10,9 +10,7 @@ from arms.registry import make_arm
 from arms.spec import CellSpec
 from arms.workload import exact_loss_and_gradient, rel_l2
 from engine.model import build_decoder
-
-EXACT = 1e-5
-"""rel_l2 vs the exact sum/sum gradient (float32) for an arm that accumulates exactly."""
+from reports.parity import GRAD_TOLERANCE as EXACT
 
 
 def _stepped(name, spec):

@@ -1,0 +1,63 @@
+"""The summary: fastest arm per shape, speedups with CI and verdict, parity PASS / FAIL,
+instability and failed cells."""
+
+from reports.records import to_frame
+from reports.summary import summary
+from tests.reports.helpers import fixture_records, with_rounds
+
+
+def _lines(text, prefix):
+    return [line for line in text.splitlines() if line.startswith(prefix)]
+
+
+def test_the_fixture_summary_names_fastest_speedups_parity_and_failures():
+    text = summary(to_frame(fixture_records()), "peft-decoder")
+    rows = _lines(text, "| tiny s16 b4 ga1 float32 |")
+    assert rows == ["| tiny s16 b4 ga1 float32 | **native** (fastest) | 2.1 | "
+                    "1.35x [1.00, 3.19] | too few samples | PASS 7.48e-07 |"]
+    assert ("|  | peft-decoder | 4.4 | 1.00x (baseline) |  | **FAIL** 5.98e-01: mean of "
+            "micro-batch means (optax.MultiSteps) |") in text
+    assert "Gradient parity: 10 PASS, 2 FAIL." in text
+    assert ("tiny s16 b4 ga2 float32: the baseline peft-decoder fails gradient parity"
+            in text)
+    assert "Instability warnings (reports.stats): 12 of 12 cells" in text
+    assert "**Failed cells: 4**" in text
+    assert ("- tiny s32 b4 ga2 float32 test-raise: exception: RuntimeError: injected failure "
+            "in step") in text
+
+
+def _six_rounds(medians):
+    """The s16 ga2 cells of the fixture, six interleaved rounds each at the given medians."""
+    out = []
+    for record in fixture_records():
+        if record.ok and record.spec.seq == 16 and record.spec.ga == 2:
+            out += with_rounds(record, medians[record.arm], seed=len(out))
+    return out
+
+
+def test_a_speedup_beyond_noise_is_called_faster_with_its_ci():
+    text = summary(to_frame(_six_rounds({"engine": 5.0, "native": 2.0, "peft-decoder": 10.0})),
+                   "engine")
+    (fastest,) = _lines(text, "| tiny s16 b4 ga2 float32 |")
+    cells = [c.strip() for c in fastest.strip("|").split("|")]
+    assert cells[1] == "**native** (fastest)"
+    ratio, low, high = (float(x) for x in
+                        cells[3].replace("x", "").replace("[", "").replace("]", "")
+                        .replace(",", "").split())
+    assert 2.4 < low <= ratio <= high < 2.6
+    assert cells[4] == "faster" and cells[5].startswith("PASS ")
+    assert "|  | engine | 5.0 | 1.00x (baseline) |" in text
+    # peft-decoder (failing parity) is slower, and its verdict says it is not the same work.
+    assert "| peft-decoder | 10.0 | 0.50x [" in text
+    assert "| slower; not comparable work (fails parity) |" in text
+    assert "Failed cells: none." in text
+
+
+def test_an_arm_failing_parity_is_never_the_fastest():
+    text = summary(to_frame(_six_rounds({"engine": 5.0, "native": 4.0, "peft-decoder": 1.0})),
+                   "native")
+    rows = _lines(text, "| tiny s16 b4 ga2 float32 |")
+    assert rows[0].startswith("| tiny s16 b4 ga2 float32 | peft-decoder | 1.0 |")
+    assert "|  | **native** (fastest) | 4.0 | 1.00x (baseline) |" in text
+    assert ("peft-decoder has a lower median (1.0 ms) than native but fails gradient parity"
+            in text)
