@@ -79,6 +79,7 @@ class ABResult:
 def run_ab(ref_a: str, ref_b: str, cells: Sequence[CellRun], out_dir: Path, *,
            env: dict[str, str], timeout_s: float, rounds: int = 5, repo: Path = REPO,
            on_record: Callable[[int, Record], None] | None = None,
+           on_start: Callable[[CellRun, int], None] | None = None,
            min_effect: float = stats.MIN_EFFECT) -> ABResult:
     """Runs each cell from both refs, `rounds` times, A and B back to back (A B in even
     rounds, B A in odd ones) so machine drift hits both sides of a round alike; the rounds
@@ -107,7 +108,8 @@ def run_ab(ref_a: str, ref_b: str, cells: Sequence[CellRun], out_dir: Path, *,
                     _, (record,) = run_grid([cell], out_dir, env=side_env,
                                             timeout_s=timeout_s, run_id=f"{ab_id}-{side}",
                                             cwd=trees[side], first_round=round_index,
-                                            ab=ABTag(side=side, sha=shas[side]))
+                                            ab=ABTag(side=side, sha=shas[side]),
+                                            on_start=on_start)
                     records[side].append(record)
                     if on_record:
                         on_record(index, record)

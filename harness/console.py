@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from reports.record import Record, cell_name
+from reports.parity import parity_verdict
+from reports.record import Record, Spec, cell_name, section
 
 
 def _fmt(value, spec: str = ".1f", missing: str = "-") -> str:
@@ -23,15 +24,32 @@ def _executions(record: Record) -> int:
             else record.timing.executions_per_step)
 
 
+def parity_failed(record: Record) -> bool:
+    """The cell ran, checked gradient parity and failed it (reports.parity)."""
+    verdict = parity_verdict(record) if record.ok else None
+    return verdict is not None and not verdict.passed
+
+
+def start_line(arm: str, spec: dict, round_index: int, number: int, total: int) -> str:
+    """'[3/8] start engine small seq=128 batch=8 ga=4 round 1'."""
+    name = cell_name(arm, section(Spec, spec)) + (f" round {round_index}" if round_index else "")
+    return f"[{number}/{total}] start {name}"
+
+
 def cell_line(record: Record) -> str:
+    """The finished cell: timing, and gradient parity as a verdict (a FAIL leads the line)."""
     name = cell_name(record.arm, record.spec) + (f" round {record.round}" if record.round else "")
     if not record.ok:
         return f"FAILED {name}: {record.error.reason}: {record.error.message}"
-    t, p = record.timing, record.parity
+    t = record.timing
     flag = "" if _status(record) == "ok" else f" [{_status(record)}: timing includes compilation]"
-    return (f"ok     {name}{flag}: median {t.stats.median_ms:.1f} ms "
-            f"(cv {t.stats.cv:.3f}), {t.tokens_per_s:.0f} tok/s, "
-            f"rel_l2 {_fmt(p and p.rel_l2, '.2e')}, exec/step {_executions(record)}")
+    verdict = parity_verdict(record)
+    parity = "parity not checked" if verdict is None else f"parity {verdict.text()}"
+    head = "PARITY FAIL" if parity_failed(record) else "ok    "
+    tail = "; its time is not comparable work" if parity_failed(record) else ""
+    return (f"{head} {name}{flag}: median {t.stats.median_ms:.1f} ms "
+            f"(cv {t.stats.cv:.3f}), {t.tokens_per_s:.0f} tok/s, exec/step "
+            f"{_executions(record)}, {parity}{tail}")
 
 
 HEADER = ("| arm | preset | seq | batch | ga | median ms | p90 ms | max ms | cv | tok/s "
@@ -52,5 +70,6 @@ def table(records: list[Record]) -> str:
             f"{cell}| {t.stats.median_ms:.1f} | {t.stats.p90_ms:.1f} | {t.stats.max_ms:.1f} "
             f"| {t.stats.cv:.3f} | {t.tokens_per_s:.0f} | {_fmt(p and p.loss, '.5f')} "
             f"| {_fmt(p and p.rel_l2, '.2e')} | {_executions(r)} {how} "
-            f"| {((p and p.data_digest) or '-')[:10]} | {_status(r)} |")
+            f"| {((p and p.data_digest) or '-')[:10]} | {_status(r)}"
+            f"{', parity FAIL' if parity_failed(r) else ''} |")
     return "\n".join(rows)

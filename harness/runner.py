@@ -214,6 +214,7 @@ def new_run_id(prefix: str = "") -> str:
 def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, str],
              timeout_s: float, run_id: str | None = None, suite: str | None = None,
              rounds: int = 1, on_record: Callable[[int, Record], None] | None = None,
+             on_start: Callable[[CellRun, int], None] | None = None,
              cwd: Path | None = None, ab: ABTag | None = None,
              environment: dict | None = None, distributed: dict | None = None,
              first_round: int = 0) -> tuple[Path, list[Record]]:
@@ -238,6 +239,8 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
             if cell.trace:
                 cell = dataclasses.replace(cell, trace_session=trace_session(
                     run_id, cell, first_round + round_index))
+            if on_start:
+                on_start(cell, first_round + round_index)
             record = run_one(cell, env, timeout_s, cwd)
             record.run_id, record.suite, record.arm = run_id, suite, cell.arm
             record.round = first_round + round_index

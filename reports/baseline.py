@@ -1,9 +1,11 @@
 """Which arm the report's speedups and memory ratios are taken against.
 
-The default is the first arm present of `PREFERENCE`: the trainer this project exists to
-beat on the real model first, then the same trainer on our model, then the no-host-overhead
-limit, then the other named arms. Arms not in the list (TRAINER:MODEL pairs, plugin arms)
-follow in name order. `parity report --baseline-arm` overrides it.
+The default is the first arm of `PREFERENCE` present that passes gradient parity in every
+cell (a speedup against an arm that computes another gradient compares unlike work): the
+trainer this project exists to beat on the real model first, then the same trainer on our
+model, then the no-host-overhead limit, then the other named arms. Arms not in the list
+(TRAINER:MODEL pairs, plugin arms) follow in name order. `parity report --baseline-arm`
+overrides it.
 """
 
 from __future__ import annotations
@@ -43,4 +45,5 @@ def check(baseline_arm: str, arms: Iterable[str]) -> str:
 
 def describe() -> str:
     """The preference order as the report and `--help` state it."""
-    return f"the first arm present of {', '.join(PREFERENCE)}, then the rest by name"
+    return (f"the first arm present that passes gradient parity in every cell, of "
+            f"{', '.join(PREFERENCE)}, then the rest by name")

@@ -73,12 +73,18 @@ def _baseline(df: pd.DataFrame, requested: str | None) -> tuple[str, str]:
     """(the section's baseline arm, how it was chosen)."""
     if requested is not None and requested in set(df["arm"]):
         return requested, "chosen with `--baseline-arm`"
-    timed = tables.ok(df)["arm"]
-    arm = baseline.default(timed if len(timed) else df["arm"])
+    timed = tables.ok(df)
+    failing = {row.arm for row in timed.itertuples()
+               if row.parity_verdict is not None and not row.parity_verdict.passed}
+    exact = [arm for arm in timed["arm"] if arm not in failing]
+    arm = baseline.default(exact or (timed["arm"] if len(timed) else df["arm"]))
+    how = baseline.describe()
+    if not exact:
+        how += " (no arm passes gradient parity in every cell here, so the first present)"
     if requested is not None:
         return arm, (f"`--baseline-arm {requested}` has no records in this environment; "
-                     f"{baseline.describe()}")
-    return arm, f"{baseline.describe()}; `--baseline-arm` overrides"
+                     f"{how}")
+    return arm, f"{how}; `--baseline-arm` overrides"
 
 
 def render(results: str | Path, output: str | Path, *, baseline_arm: str | None = None,
