@@ -458,10 +458,11 @@ class Nightly(Command):
             results.read_dir(args.history)  # a corrupt history fails now, not after the grid
         report_dir = args.report or args.history / "nightly"
         results.check_writable(report_dir, "--report")
-        grid = Grid(args, args.history, defaults={"rounds": cls.ROUNDS})
-        threshold = args.threshold or grid.options.get("regression_threshold", 0.05)
+        options = Grid.check_values(args, args.history, defaults={"rounds": cls.ROUNDS})
+        threshold = args.threshold or options.get("regression_threshold", 0.05)
         if not threshold > 0:
             raise ValueError(f"--threshold {threshold}: give a relative slowdown > 0")
+        grid = Grid(args, args.history, defaults={"rounds": cls.ROUNDS})
         _, records = grid.run()
         code, text = nightly.evaluate(records, args.history, threshold=threshold,
                                       report_dir=report_dir)
