@@ -59,7 +59,10 @@ def _section(df: pd.DataFrame, out_dir: Path, prefix: str, baseline_arm: str, ho
                 "gradient the optimizer saw at step 1 and g_exact = sum_i grad(loss_sum_i) / "
                 "sum_i den_i.", tables.parity(df)),
         details("Executions, host and device time (traced window)", "From the separate "
-                "traced window; these numbers never mix with the untraced timing above.",
+                "traced window; these numbers never mix with the untraced timing above. The "
+                "last column opens a cell's capture in xprof (`tensorboard --logdir` with the "
+                "same directory works too); memory_viewer and graph_viewer need a "
+                "`--trace-hlo` capture.",
                 tables.traced(df)),
         details("Noise", tables.noise(df, baseline_arm)),
         details("Failed cells", tables.failures(df)),

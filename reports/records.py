@@ -164,7 +164,7 @@ def _trace_columns(t) -> dict:
             "trace_step_ms": _median(t.step_ms) if t else None,
             "trace_busy_ms": _median(t.busy_ms) if t else None,
             "trace_host_ms": _median(t.host_ms) if t else None,
-            "xplane": t and t.xplane}
+            "xplane": t and t.xplane, "trace_logdir": t and t.logdir}
 
 
 def _median(values: list[float]) -> float | None:

@@ -15,6 +15,7 @@ import pandas as pd
 from reports import stats
 from reports.parity import GRAD_TOLERANCE, ParityVerdict
 from reports.record import ExecutableMemory
+from reports.viewers import viewer_commands
 
 SHAPE = ["preset", "seq", "batch", "ga", "mesh", "dtype"]
 NATIVE = "native"
@@ -284,15 +285,18 @@ def traced(df: pd.DataFrame) -> str:
     for _, r in by_shape(ok(df)).iterrows():
         gc = (MISSING if r["gc_count"] is None or pd.isna(r["gc_count"])
               else f"{r['gc_count']:.0f} / {_f(r['gc_ms'], '.1f')} ms")
+        logdir = r.get("trace_logdir")
+        open_with = (f"`{viewer_commands(logdir)['xprof']}`" if isinstance(logdir, str)
+                     else MISSING)
         rows.append((shape_label(r), r["arm"], _f(r["trace_executions"], ".0f"),
                      _f(r["trace_step_ms"]), _f(r["trace_busy_ms"]), _f(r["trace_host_ms"]),
-                     _f(r["dispatch_ms"], ".2f"), gc, _f(r["recompiles"], ".0f")))
+                     _f(r["dispatch_ms"], ".2f"), gc, _f(r["recompiles"], ".0f"), open_with))
     return markdown(["shape", "arm", "executions/step (trace)", "traced ms/step",
                      "busy ms (trace)", "host ms (trace)", "dispatch ms (untraced)",
-                     "GC pauses (untraced)", "recompiles after warmup"], rows,
-                    why={name: "no traced window" for name in (
+                     "GC pauses (untraced)", "recompiles after warmup", "open the trace"],
+                    rows, why={name: "no traced window" for name in (
                         "executions/step (trace)", "traced ms/step", "busy ms (trace)",
-                        "host ms (trace)")})
+                        "host ms (trace)", "open the trace")})
 
 
 def noise(df: pd.DataFrame, baseline_arm: str) -> str:

@@ -24,6 +24,11 @@ def test_fixture_renders_exactly_the_snapshot(tmp_path):
     # (mean of micro-batch means), so native, the next, is the baseline.
     text = render(RESULTS, tmp_path / "parity.md")
     assert text == SNAPSHOT.read_text()
+    # Every traced cell's row gives the command that opens its capture.
+    traced = [r for r in read_dir(RESULTS) if r.ok and r.trace]
+    assert len(traced) == 12
+    for record in traced:
+        assert f"`xprof --logdir {record.trace.logdir} --port 8791`" in text
     for name in IMAGES:
         assert f"]({name})" in text  # relative links
         image = Image.open(tmp_path / name)
