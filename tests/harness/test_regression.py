@@ -139,6 +139,7 @@ def test_ab_refuses_unknown_refs_and_a_dirty_head(two_commits):
         subprocess.run(["git", "checkout", "README.md"], cwd=two_commits, check=True)
 
 
+@pytest.mark.slow  # 12 cell processes (6 rounds x A and B)
 def test_ab_when_every_cell_fails_writes_ab_md_and_exits_1(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "harness.cli", "ab", "HEAD", "HEAD", "--allow-dirty", *CELL,
