@@ -119,7 +119,8 @@ def test_every_bad_value_exits_2_at_once_with_one_line_no_process_and_nothing_wr
 
 
 def test_a_multi_process_run_without_a_mesh_spans_every_device(tmp_path):
-    from harness.cli import MULTI_PROCESS_MESH, Grid, build_parser
+    from harness.cli import build_parser
+    from harness.grid_run import MULTI_PROCESS_MESH, Grid
 
     args = build_parser().parse_args(["run", *CELL, "--out", str(tmp_path)])
     assert not Grid.check_values(args, tmp_path).get("mesh")  # one process: one device

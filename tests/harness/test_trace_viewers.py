@@ -24,8 +24,9 @@ import pytest
 
 from arms.spec import CellSpec
 from harness import trace
-from harness.cli import build_parser, run_options
+from harness.cli import build_parser
 from harness.grid import expand
+from harness.grid_run import run_options
 from harness.runner import trace_session
 from harness.worker import CellRun, run_cell
 from reports.viewers import VIEWERS, viewer_commands
