@@ -34,11 +34,11 @@ def _git(*args: str, cwd: Path = REPO) -> str:
 
 def check_repo(repo: Path = REPO) -> None:
     """`ab` checks refs out of the git repository parity runs from."""
-    proc = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=repo,
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
+    try:
+        _git("rev-parse", "--show-toplevel", cwd=repo)
+    except ValueError as err:
         raise ValueError(f"parity ab needs a git checkout of parity, and {repo} is not one "
-                         f"({proc.stderr.strip() or 'git failed'}); run it from a clone")
+                         f"({err}); run it from a clone") from None
 
 
 def resolve_ref(ref: str, repo: Path = REPO) -> str:

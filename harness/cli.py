@@ -223,7 +223,7 @@ class Nightly(Command):
         threshold = args.threshold or options.get("regression_threshold", 0.05)
         if not threshold > 0:
             raise ValueError(f"--threshold {threshold}: give a relative slowdown > 0")
-        grid = Grid(args, args.history, defaults={"rounds": cls.ROUNDS})
+        grid = Grid(args, args.history, options=options)
         _, records = grid.run()
         code, text = nightly.evaluate(records, args.history, threshold=threshold,
                                       report_dir=report_dir)
@@ -271,7 +271,8 @@ class AB(Command):
 
         if not 0 < args.threshold < 1:
             raise ValueError(f"--threshold {args.threshold}: give a fraction, e.g. 0.05")
-        options = Grid.check_values(args, args.out, defaults={"rounds": cls.ROUNDS})
+        options = Grid.check_values(args, args.out, defaults={
+            "rounds": cls.ROUNDS, "steps": cls.STEPS, "trace": False})
         if options["rounds"] < MIN_PAIRS:
             raise ValueError(f"--rounds {options['rounds']}: A/B needs at least "
                              f"{MIN_PAIRS} rounds (fewer interleaved pairs "
@@ -280,8 +281,7 @@ class AB(Command):
         ab.resolve_ref(args.ref_a)
         ab.resolve_ref(args.ref_b)
         ab.check_clean([args.ref_a, args.ref_b], allow_dirty=args.allow_dirty)
-        grid = Grid(args, args.out, defaults={"rounds": cls.ROUNDS, "steps": cls.STEPS,
-                                              "trace": False})
+        grid = Grid(args, args.out, options=options)
         with grid.progress(len(grid.cells) * 2 * grid.rounds) as (on_start, on_record), \
                 stopped_keeps(lambda: grid.kept(args.out) + "; worktrees removed"):
             result = ab.run_ab(args.ref_a, args.ref_b, grid.cells, args.out, env=grid.env,

@@ -59,8 +59,6 @@ def _failure(reason: str, message: str, stderr: str) -> Record:
                                                  stderr_tail=stderr[-STDERR_TAIL:]))
 
 
-
-
 def _oom_kills() -> int | None:
     """The kernel's count of OOM kills in this process's memory cgroup (v2 `memory.events`,
     else v1 `memory.oom_control`); None where neither is readable."""
@@ -114,7 +112,7 @@ def classify(ended: Exit, timeout_s: float) -> Record | None:
     if code == -signal.SIGKILL and ended.oom_kills:
         return _failure("oom", f"cell process was killed by the kernel's OOM killer{rss}",
                         stderr)
-    if any(marker in stderr for marker in (*OOM_MARKERS, "MemoryError")):
+    if any(marker in stderr for marker in OOM_MARKERS):
         return _failure("oom", f"cell ran out of memory (exit code {code}){rss}", stderr)
     if code == -signal.SIGKILL:
         return _failure("killed", f"cell process was killed (SIGKILL from outside the "

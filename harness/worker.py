@@ -33,8 +33,8 @@ from reports.record import (
 )
 
 STEP_ANNOTATION = "train"
-OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory")
-"""What XLA says, on any backend, when an allocation fails."""
+OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "MemoryError")
+"""What XLA (any backend) and Python say when an allocation fails."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         record = run_cell(run)
     except Exception as err:  # recorded, not raised: the grid goes on
         message = f"{type(err).__name__}: {err}"
-        oom = isinstance(err, MemoryError) or any(m in message for m in OOM_MARKERS)
+        oom = any(marker in message for marker in OOM_MARKERS)
         record = Record(status="failed", error=Failure(
             reason="oom" if oom else "exception", message=message,
             traceback=traceback.format_exc()[-4000:]))

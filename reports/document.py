@@ -77,8 +77,7 @@ def _baseline(df: pd.DataFrame, requested: str | None) -> tuple[str, str]:
     if requested is not None and requested in set(df["arm"]):
         return requested, "chosen with `--baseline-arm`"
     timed = tables.ok(df)
-    failing = {row.arm for row in timed.itertuples()
-               if row.parity_verdict is not None and not row.parity_verdict.passed}
+    failing = {r["arm"] for _, r in timed.iterrows() if tables.fails_parity(r)}
     exact = [arm for arm in timed["arm"] if arm not in failing]
     arm = baseline.default(exact or (timed["arm"] if len(timed) else df["arm"]))
     how = baseline.describe()
