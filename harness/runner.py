@@ -18,7 +18,7 @@ from pathlib import Path
 
 from harness import results
 from harness.reaper import REAPER, die_with_parent
-from harness.worker import OOM_MARKERS, CellRun
+from harness.worker import OOM_MARKERS, PEER_MARKERS, CellRun
 from reports.record import (
     ABTag,
     Environment,
@@ -103,10 +103,10 @@ def classify(ended: Exit, timeout_s: float) -> Record | None:
     stderr, code = ended.stderr, ended.code
     if code is None:
         return _failure("timeout", f"cell exceeded its {timeout_s:.0f} s timeout", stderr)
-    if "stopped sending heartbeats" in stderr:
+    if any(marker in stderr for marker in PEER_MARKERS):
         return _failure("peer-died", "another process of this multi-process cell died "
-                                     "(no heartbeats); this one stopped instead of hanging",
-                        stderr)
+                                     "(no heartbeats, or gloo lost it); this one stopped "
+                                     "instead of hanging", stderr)
     rss = (f"; its peak RSS was {ended.max_rss_bytes / 2**30:.2f} GiB"
            if ended.max_rss_bytes else "")
     if code == -signal.SIGKILL and ended.oom_kills:

@@ -35,6 +35,11 @@ from reports.record import (
 STEP_ANNOTATION = "train"
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "MemoryError")
 """What XLA (any backend) and Python say when an allocation fails."""
+PEER_MARKERS = ("stopped sending heartbeats", "Gloo context initialization failed",
+                "Connection closed by peer", "Connection reset by peer")
+"""What one process of a multi-process cell sees when another has gone: the coordination
+service's heartbeat check aborting it, or gloo failing to reach the peer at its first
+collective (context setup) or mid-transfer."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -265,6 +270,8 @@ def _traced_window(arm, batches, run: CellRun) -> Trace:
 def _parity(spec, captured, first_loss: float) -> Parity:
     """The first step's captured gradient vs the exact sum/sum reference (computed last, so
     its memory never pollutes the measured peaks)."""
+    import jax
+
     from arms.workload import (
         data_digest,
         denominators,
@@ -272,10 +279,13 @@ def _parity(spec, captured, first_loss: float) -> Parity:
         global_norm,
         rel_l2,
     )
-    from engine.model import build_decoder
+    from engine.model import build_decoder, make_mesh
 
     batches = spec.micro_batches(0)
-    reference = build_decoder(spec.model_config(), seed=spec.seed)
+    # On one local device; where the arm ran on that same one-device mesh, its compiled
+    # initializer is reused (same weights, no second compile).
+    one_device = make_mesh("", devices=jax.local_devices()[:1])
+    reference = build_decoder(spec.model_config(), seed=spec.seed, mesh=one_device)
     exact_loss, exact = exact_loss_and_gradient(reference, batches, spec.loss_fn())
     return Parity(
         data_digest=data_digest(batches), denominators=denominators(batches),
@@ -283,6 +293,21 @@ def _parity(spec, captured, first_loss: float) -> Parity:
         loss_rel_error=abs(first_loss - exact_loss) / abs(exact_loss) if exact_loss else None,
         grad_l2=global_norm(captured), exact_grad_l2=global_norm(exact),
         rel_l2=rel_l2(captured, exact))
+
+
+def exception_failure(err: Exception, run: CellRun) -> Failure:
+    """The failure a cell's exception stands for: `oom`, `peer-died` (a multi-process cell
+    whose collectives lost a process) or `exception`."""
+    message = f"{type(err).__name__}: {err}"
+    reason = "exception"
+    if any(marker in message for marker in OOM_MARKERS):
+        reason = "oom"
+    elif run.distributed and any(marker in message for marker in PEER_MARKERS):
+        reason = "peer-died"
+        message = ("another process of this multi-process cell died, or did not reach the "
+                   f"collective within gloo's timeout; this one stopped instead of hanging. "
+                   f"{message}")
+    return Failure(reason=reason, message=message, traceback=traceback.format_exc()[-4000:])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,11 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         init_distributed(run)
         record = run_cell(run)
     except Exception as err:  # recorded, not raised: the grid goes on
-        message = f"{type(err).__name__}: {err}"
-        oom = any(marker in message for marker in OOM_MARKERS)
-        record = Record(status="failed", error=Failure(
-            reason="oom" if oom else "exception", message=message,
-            traceback=traceback.format_exc()[-4000:]))
+        record = Record(status="failed", error=exception_failure(err, run))
     record.environment = section(Environment, environment())
     with open(args.out, "w") as out:
         json.dump(record.to_json(), out)
