@@ -226,21 +226,39 @@ def build_decoder(config: DecoderConfig, *, seed: int = 0, mesh: Mesh | None = N
                   rules: LogicalRules = LOGICAL_AXIS_RULES) -> Decoder:
     """A freshly initialized decoder, its variables already laid out on `mesh` if given.
 
-    Initialization runs under `jax.jit` with the parameters' shardings as `out_shardings`,
-    so each device materializes only its own shards (no full copy on one device first).
+    Initialization is one compiled program (see `_initializer`); with a mesh the parameters'
+    shardings are its `out_shardings`, so each device materializes only its own shards (no
+    full copy on one device first).
     """
-    if mesh is None:
-        return Decoder(config, rngs=nnx.Rngs(seed))
-    check_fits(config, mesh)
+    if mesh is not None:
+        check_fits(config, mesh)
+    graph, init = _initializer(config, seed, mesh, rules)
+    return nnx.merge(graph, init())
+
+
+@functools.lru_cache(maxsize=4)
+def _initializer(config: DecoderConfig, seed: int, mesh: Mesh | None,
+                 rules: LogicalRules) -> tuple[nnx.GraphDef, jax.stages.Compiled]:
+    """(graph, compiled init) of one decoder, kept so a second model with the same weights
+    and layout (e.g. the parity reference beside an arm) costs no second compile.
+
+    Eagerly, every parameter's random draw would be its own dispatch and compile. On CPU
+    the program is compiled without LLVM optimization: it runs once, and its threefry draws
+    otherwise cost more to optimize than to run. Its values can differ from an optimized
+    build's in the last float32 bit; every model here (each arm's and the parity
+    reference's) is initialized by this function, so they all start from the same bits.
+    """
     abstract = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(seed)))
     graph, abstract_state = nnx.split(abstract)
-    shardings = named_shardings(abstract_state, mesh, rules)
+    shardings = None if mesh is None else named_shardings(abstract_state, mesh, rules)
 
-    @functools.partial(jax.jit, out_shardings=shardings)
     def init():
         return nnx.split(Decoder(config, rngs=nnx.Rngs(seed)))[1]
 
-    return nnx.merge(graph, init())
+    platform = jax.default_backend() if mesh is None else mesh.devices.flat[0].platform
+    options = {"xla_backend_optimization_level": 0} if platform == "cpu" else {}
+    lowered = jax.jit(init, out_shardings=shardings).lower()
+    return graph, lowered.compile(compiler_options=options)
 
 
 def param_count(config: DecoderConfig) -> int:
