@@ -385,14 +385,18 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand, or with `only`, the full arguments of that one alone:
+    the grid commands' choices come from modules that import JAX (~1.5 s), which `compare`,
+    `report` and `--help` have no use for."""
     parser = Parser(
         prog="parity", description="Performance-parity harness for JAX LLM training engines.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for command in COMMANDS:
         sub = commands.add_parser(command.name, help=command.help,
                                   description=command.description)
-        command.setup(sub)
+        if only is None or only == command.name:
+            command.setup(sub)
         sub.set_defaults(func=command.run)
     return parser
 
@@ -400,7 +404,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from harness.results import WriteError
 
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    # The top-level parser has no options of its own: its first positional is the command.
+    command = next((arg for arg in argv if not arg.startswith("-")), "")
+    args = build_parser(only=command).parse_args(argv)
     try:
         return args.func(args)
     except ValueError as err:  # bad input: one clear line, no traceback

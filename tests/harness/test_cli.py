@@ -127,3 +127,20 @@ def test_a_multi_process_run_without_a_mesh_spans_every_device(tmp_path):
     assert Grid.check_values(args, tmp_path, processes=2)["mesh"] == MULTI_PROCESS_MESH
     given = build_parser().parse_args(["run", *CELL, "--mesh", "fsdp=2"])
     assert Grid.check_values(given, tmp_path, processes=2)["mesh"] == "fsdp=2"
+
+
+def test_commands_that_read_results_never_import_jax():
+    """`compare`, `report` and `--help` parse only their own arguments; the grid commands'
+    choices come from modules that import JAX, which they have no use for."""
+    probe = ("import sys\nfrom harness.cli import main\n"
+             "for argv in (['compare', '--help'], ['report', '--help'], ['--help']):\n"
+             "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+             "print('jax imported:', 'jax' in sys.modules)\n"
+             "try:\n    main(['run', '--help'])\nexcept SystemExit:\n    pass\n"
+             "print('jax imported:', 'jax' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    imported = [line for line in proc.stdout.splitlines() if line.startswith("jax imported")]
+    assert imported == ["jax imported: False", "jax imported: True"]  # run needs JAX
+    assert "--arms ARMS" in proc.stdout and "--fail-on-regression" in proc.stdout
