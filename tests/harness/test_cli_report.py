@@ -1,6 +1,8 @@
 """`parity report`: works with no flags after `parity run --arms engine,native`, the baseline
 flag overrides, an absent baseline is one clear line and exit 2, --embed-images embeds."""
 
+import pytest
+
 from harness.cli import main
 from tests.reports.helpers import RESULTS, fixture_records, write
 
@@ -35,6 +37,7 @@ def test_baseline_override_and_embedded_images(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["parity.md"]
 
 
+@pytest.mark.slow  # a PeftTrainer cell end to end through the CLI (~30 s)
 def test_a_ragged_peft_run_is_a_parity_fail_everywhere_and_strict_parity_exits_1(tmp_path):
     """PeftTrainer at GA=4 on ragged micro-batches averages micro-batch means: the cell runs
     (status ok) but fails gradient parity in its start/end lines, the run's closing line and

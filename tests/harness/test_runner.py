@@ -37,7 +37,7 @@ def test_failing_cells_are_recorded_and_the_grid_completes(tmp_path):
     path, records = run_grid(cells, tmp_path, env=_env(), timeout_s=300)
     (hang,) = expand({**TINY, "arms": ["test-hang"]})
     _, hung = run_grid([dataclasses.replace(hang, plugins=(PLUGIN,))], tmp_path, env=_env(),
-                       timeout_s=10, run_id="hang")
+                       timeout_s=5, run_id="hang")
     by_arm = {r.arm: r for r in records + hung}
     assert by_arm["native"].ok and by_arm["engine"].ok
     assert by_arm["test-raise"].error.reason == "exception"
@@ -64,7 +64,8 @@ def test_failing_cells_are_recorded_and_the_grid_completes(tmp_path):
 
 
 def test_without_maxtext_only_the_maxtext_arms_fail_and_say_why(tmp_path):
-    cells = expand({**TINY, "arms": ["native", "peft-maxtext", "maxtext-engine"]})
+    cells = expand({**TINY, "arms": ["native", "peft-maxtext", "maxtext-engine"],
+                    "parity": False})
     cells = [dataclasses.replace(c, plugins=("tests.harness.no_maxtext",)) for c in cells]
     _, records = run_grid(cells, tmp_path, env=_env(), timeout_s=300)
     by_arm = {r.arm: r for r in records}
@@ -173,3 +174,26 @@ def test_a_sigkill_the_kernel_counted_as_an_oom_kill_is_oom():
     assert reason(code=None).reason == "timeout"
     assert reason(code=-signal.SIGSEGV).reason == "crash"
     assert classify(Exit(code=0, stderr="", wrote_record=True), 60) is None
+
+
+def test_a_collective_that_lost_its_peer_is_peer_died_only_in_a_multi_process_cell():
+    """A process whose peer died before gloo's first collective gets an exception, not the
+    heartbeat abort; both must be recorded as `peer-died`."""
+    from harness.runner import Exit, classify
+    from harness.worker import exception_failure
+
+    one = expand({**TINY, "arms": ["native"]})[0]
+    two = dataclasses.replace(one, distributed={"coordinator": "localhost:1",
+                                                "num_processes": 2, "process_id": 0})
+    gloo = RuntimeError("UNKNOWN: Gloo context initialization failed: DEADLINE_EXCEEDED: "
+                        "Deadline Exceeded")
+    assert exception_failure(gloo, two).reason == "peer-died"
+    assert "did not reach the collective within gloo's timeout" in exception_failure(
+        gloo, two).message
+    assert exception_failure(gloo, one).reason == "exception"
+    oom = RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 8 bytes")
+    assert exception_failure(oom, two).reason == "oom"
+    assert exception_failure(ValueError("shape"), two).reason == "exception"
+    aborted = Exit(code=-signal.SIGABRT, wrote_record=False,
+                   stderr="Task /job:jax_worker/task:1 stopped sending heartbeats")
+    assert classify(aborted, 60).error.reason == "peer-died"
