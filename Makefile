@@ -33,8 +33,9 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -m "not slow" --durations=15
 
-# The end-to-end tests marked slow (multi-process runs, nightly and A/B from git refs): CI
-# runs them after `make test`.
+# The tests marked slow (multi-process runs, nightly and A/B from git refs, and the
+# in-process parity runs that compile every arm at GA 4 or over 8 devices): CI runs them
+# after `make test`.
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow --durations=10
 

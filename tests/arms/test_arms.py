@@ -29,7 +29,8 @@ def _run(name, spec):
     return result, data_digest(batches)
 
 
-@pytest.mark.parametrize("mesh", ["", "fsdp=8"])
+# fsdp=8 compiles every arm SPMD over 8 devices (~30 s on a cold cache): slow.
+@pytest.mark.parametrize("mesh", ["", pytest.param("fsdp=8", marks=pytest.mark.slow)])
 def test_ga1_every_arm_matches_the_exact_loss_and_gradient(devices, mesh):
     spec = CellSpec(preset="tiny", seq=32, batch=8, ga=1, mesh=mesh, mask_fraction=0.5)
     ref_loss, ref_grad = _reference(spec)
@@ -43,6 +44,7 @@ def test_ga1_every_arm_matches_the_exact_loss_and_gradient(devices, mesh):
     assert len(prints) == 1  # every arm saw the same batches
 
 
+@pytest.mark.slow  # every arm compiled at GA 4 (~30 s on a cold cache)
 def test_ga4_ragged_engine_and_native_exact_peft_mean_of_means_off(devices):
     spec = CellSpec(preset="tiny", seq=32, batch=8, ga=4, ragged=(64, 16, 40, 8))
     ref_loss, ref_grad = _reference(spec)

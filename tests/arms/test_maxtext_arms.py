@@ -20,6 +20,7 @@ def _stepped(name, spec):
     return arm
 
 
+@pytest.mark.slow  # two MaxText arms compiled at GA 4 (~50 s on a cold cache)
 def test_ga4_ragged_untied_maxtext_arms_match_the_exact_gradient(devices):
     spec = CellSpec(preset="tiny-untied", seq=32, batch=8, ga=4, ragged=(64, 16, 40, 8))
     model = build_decoder(spec.model_config())
