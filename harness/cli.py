@@ -156,7 +156,7 @@ class Launch(Command):
         if args.n < 1:
             raise ValueError(f"launch -n {args.n}: give at least 1 process")
         rest = [a for a in args.run_args if a != "--"]
-        run_args = build_parser().parse_args(["run", *rest])
+        run_args = build_parser(only="run").parse_args(["run", *rest])
         Grid.check_values(run_args, run_args.out, processes=args.n)  # once, not N times
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

@@ -117,16 +117,15 @@ class Grid:
     """
 
     def __init__(self, args: argparse.Namespace, out: Path, processes: int = 1,
-                 defaults: dict | None = None, run_id: str | None = None,
-                 options: dict | None = None):
-        """`options`: what `check_values` returned for these arguments, where the command
-        already called it; else it is called here."""
+                 run_id: str | None = None, options: dict | None = None):
+        """`options`: what `check_values` returned for these arguments (with the command's
+        defaults), where the command already called it; else it is called here."""
         import dataclasses
 
         from harness import grid, results, runner
 
         plugins = tuple(args.plugin or ())
-        self.options = options or self.check_values(args, out, processes, defaults)
+        self.options = options or self.check_values(args, out, processes)
         self.run_id = run_id or runner.new_run_id()
         self.path = runner.results_path(out, self.run_id, self.options.get("name"))
         results.check_appendable(self.path)
