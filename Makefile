@@ -11,13 +11,20 @@ STAMP := $(VENV)/.installed
 
 .PHONY: parity test test-slow lint clean
 
+# libtpu (the TPU compiler: XLA's TPU7x plans without a chip) goes outside the import path,
+# into $(VENV)/libtpu: importable, it makes JAX look for TPU chips in every process.
+# harness.tpu_plan loads it on request.
 $(STAMP): pyproject.toml requirements.lock
 	@test -n "$(PY)" || { echo "make: Python 3.12 not found; install it (e.g. 'pyenv install \
 	3.12.1') or pass PY=/path/to/python3.12" >&2; exit 1; }
 	@$(BIN)/python -c '$(IS_312)' 2>/dev/null || { rm -rf $(VENV) && $(PY) -m venv $(VENV); }
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements.lock
+	grep -v '^libtpu==' requirements.lock > $(VENV)/requirements.txt
+	$(BIN)/python -m pip install -q -r $(VENV)/requirements.txt
 	$(BIN)/python -m pip install -q --no-deps -e '.[test]'
+	rm -rf $(VENV)/libtpu
+	$(BIN)/python -m pip install -q --no-deps --target $(VENV)/libtpu \
+		$$(grep '^libtpu==' requirements.lock)
 	@touch $(STAMP)
 
 # The default CPU parity suite (every arm, 2 shapes x GA 1/4), then the report. The

@@ -119,6 +119,8 @@ def apply_update(tx: optax.GradientTransformation, cfg: UpdateConfig, params: nn
 
 
 def zeros_like_accumulator(params: nnx.State, shardings=None) -> Accumulator:
+    """Zero gradient sums laid out by `shardings` (shardings, or PartitionSpecs of the mesh
+    the kernel is traced under), and zero loss and denominator sums."""
     grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     if shardings is not None:
         grads = jax.lax.with_sharding_constraint(grads, shardings)

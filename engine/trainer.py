@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -36,6 +36,7 @@ from engine.model.sharding import (
     LogicalRules,
     batch_sharding,
     named_shardings,
+    on_mesh,
     optimizer_shardings,
     place_global_batch,
 )
@@ -45,12 +46,24 @@ from engine.model.sharding import sharding_context as _sharding_context
 class Kernel:
     """A compiled executable plus the count of its calls (executions)."""
 
-    def __init__(self, name: str, compiled: jax.stages.Compiled, lowered: jax.stages.Lowered):
+    def __init__(self, name: str, compiled: jax.stages.Compiled, lowered: jax.stages.Lowered,
+                 mesh: Mesh, lower_for: Callable[[Mesh], jax.stages.Lowered]):
         self.name, self.compiled, self.lowered, self.calls = name, compiled, lowered, 0
+        self.mesh, self._lower_for = mesh, lower_for
 
     def __call__(self, *args):
         self.calls += 1
         return self.compiled(*args)
+
+    def lower_for(self, mesh: Mesh) -> jax.stages.Lowered:
+        """This kernel's program (same shardings, same donation) lowered for `mesh`: a mesh of
+        the same shape and axis names over other devices. With a TPU topology's compile-only
+        devices, `.compile()` of the result is XLA's plan for that target, without its
+        hardware (cost analysis, memory analysis, optimized HLO)."""
+        if dict(mesh.shape) != dict(self.mesh.shape):
+            raise ValueError(f"kernel {self.name} was compiled for mesh {dict(self.mesh.shape)};"
+                             f" give a mesh of that shape, not {dict(mesh.shape)}")
+        return self._lower_for(mesh)
 
 
 def _signature(tree) -> Any:
@@ -141,14 +154,20 @@ class TrainingEngine:
 
     def _lower_compile(self, name, fn, in_shardings, out_shardings, donate, *abstract_args):
         fn.__name__ = fn.__qualname__ = name  # traces and HLO dumps show jit_<kernel name>
-        jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
-                         donate_argnums=donate)
-        with self.sharding_context(), warnings.catch_warnings():
-            # Rules + mesh around the lowering, not around jax.jit. The donated accumulator's
-            # scalar sums have no same-typed output to alias; XLA's note about it is expected.
-            warnings.filterwarnings("ignore", "Some donated buffers were not usable")
-            lowered = jitted.lower(*abstract_args)
-            self.kernels[name] = Kernel(name, lowered.compile(), lowered)
+        rules = self.rules
+
+        def lower_for(mesh: Mesh) -> jax.stages.Lowered:
+            jitted = jax.jit(fn, in_shardings=on_mesh(in_shardings, mesh),
+                             out_shardings=on_mesh(out_shardings, mesh), donate_argnums=donate)
+            with _sharding_context(mesh, rules), warnings.catch_warnings():
+                # Rules + mesh around the lowering, not around jax.jit. The donated
+                # accumulator's scalar sums have no same-typed output to alias; XLA's note
+                # about it is expected.
+                warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+                return jitted.lower(*on_mesh(abstract_args, mesh))
+
+        lowered = lower_for(self.mesh)
+        self.kernels[name] = Kernel(name, lowered.compile(), lowered, self.mesh, lower_for)
 
     def _check_metric_types(self, abstract_batch):
         """Refuses unsupported metric types before any step runs; returns their shardings."""
@@ -193,7 +212,10 @@ class TrainingEngine:
 
     def _compile_fused(self, abstract_batch) -> None:
         graph, loss_fn, tx, cfg = self._graph, self.loss_fn, self.tx, self._update_cfg
-        ga, grad_sh = self.config.gradient_accumulation_steps, self._param_shardings
+        ga = self.config.gradient_accumulation_steps
+        # Specs, not shardings: the accumulator's layout follows whatever mesh the step is
+        # lowered under (`Kernel.lower_for`), like every other sharding of the kernel.
+        grad_sh = jax.tree.map(lambda s: s.spec, self._param_shardings)
         metric_sh = self._metric_shardings
         self._lower_compile(
             "train_step",

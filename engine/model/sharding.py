@@ -176,6 +176,20 @@ def shard_model(model: nnx.Module, mesh: Mesh, rules: LogicalRules = LOGICAL_AXI
     nnx.update(model, jax.device_put(state, named_shardings(state, mesh, rules)))
 
 
+def on_mesh(tree, mesh: Mesh):
+    """`tree` with every NamedSharding (bare, or of a ShapeDtypeStruct) moved to `mesh`, same
+    specs: the same program laid out over other devices of the same mesh shape, such as a
+    TPU topology's compile-only devices."""
+    def move(x):
+        if isinstance(x, NamedSharding):
+            return NamedSharding(mesh, x.spec)
+        if isinstance(x, jax.ShapeDtypeStruct) and isinstance(x.sharding, NamedSharding):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=move(x.sharding))
+        return x
+    return jax.tree.map(move, tree,
+                        is_leaf=lambda x: isinstance(x, (NamedSharding, jax.ShapeDtypeStruct)))
+
+
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
     """Sharding of a [batch, ...] input: batch over the data-parallel axes, rest replicated."""
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
