@@ -5,6 +5,8 @@ chip is needed, so the optimized HLO, cost analysis and memory plan of a program
 can be read on a laptop or in CI. `make` installs libtpu outside the import path
 (`.venv/libtpu`): importable, it makes JAX look for TPU chips, and print that it found none,
 in every process. This module loads it when asked, after JAX's own backends are up.
+Loaded, it also changes the process's profiler: trace captures taken afterwards carry
+the HLO of every program. Plan in a process that does not also trace.
 
 HBM traffic: XLA:TPU's `bytes accessed` counts every operand and result of every instruction,
 so an operand staged into on-chip VMEM (memory space S(1)) by a copy is counted three times:

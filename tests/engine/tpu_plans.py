@@ -1,0 +1,41 @@
+"""Plans the engine's kernels for TPU7x in a process of their own (run by the tests).
+
+Loading libtpu into a process changes its profiler: trace captures taken afterwards carry
+the HLO of every program, so the trace tests would see it. Usage:
+`python -m tests.engine.tpu_plans MESH...`, with 8 emulated CPU devices; prints one JSON
+object per mesh.
+"""
+
+import json
+import sys
+
+from engine.model import make_mesh
+from harness import tpu_plan
+from tests.engine.conftest import make_engine, ragged_batches
+
+
+def plan(mesh: str) -> dict:
+    engine = make_engine(ga=2, mesh=mesh, example=ragged_batches(batch_size=4)[0])
+    devices = tpu_plan.topology_devices(tpu_plan.TPU7X)
+    target = tpu_plan.mesh_like(engine.mesh, devices)
+    # Every kernel (the split ones and the fused step with its GA scan) must lower and compile.
+    plans = {name: tpu_plan.compile_plan(kernel.lower_for(target))
+             for name, kernel in engine.kernels.items()}
+    update = plans["update"].as_text()
+    try:
+        engine.kernels["update"].lower_for(
+            tpu_plan.mesh_like(make_mesh("fsdp=2,tensor=2"), devices))
+        refusal = None
+    except ValueError as err:
+        refusal = str(err)
+    param_bytes = sum(x.addressable_shards[0].data.nbytes
+                      for x in __import__("jax").tree.leaves(engine.params))
+    return {"mesh": mesh, "kernels": sorted(plans), "param_bytes": param_bytes,
+            "update_hbm_bytes": tpu_plan.hbm_bytes(update),
+            "update_xla_bytes": plans["update"].cost_analysis()["bytes accessed"],
+            "update_stages_through_vmem": "S(1)" in update, "other_mesh_refused": refusal}
+
+
+if __name__ == "__main__":
+    for mesh in sys.argv[1:]:
+        print(json.dumps(plan(mesh)), flush=True)
