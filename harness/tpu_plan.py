@@ -12,8 +12,9 @@ HBM traffic: XLA:TPU's `bytes accessed` counts every operand and result of every
 so an operand staged into on-chip VMEM (memory space S(1)) by a copy is counted three times:
 the copy's HBM read, its VMEM write, and the fusion's VMEM read. Only the first is HBM
 traffic. `hbm_bytes` counts the bytes an instruction reads from or writes to memory space 0
-(HBM) and nothing else; on a backend without memory spaces (CPU) it equals XLA's
-`bytes accessed`, which the tests check.
+(HBM) and nothing else; on a backend without memory spaces (CPU) it is XLA's `bytes
+accessed` to within the scalars (XLA counts a scalar operand once per use in a fusion), which
+the tests check.
 """
 
 from __future__ import annotations

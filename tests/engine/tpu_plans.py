@@ -9,6 +9,8 @@ object per mesh.
 import json
 import sys
 
+import jax
+
 from engine.model import make_mesh
 from harness import tpu_plan
 from tests.engine.conftest import make_engine, ragged_batches
@@ -29,7 +31,7 @@ def plan(mesh: str) -> dict:
     except ValueError as err:
         refusal = str(err)
     param_bytes = sum(x.addressable_shards[0].data.nbytes
-                      for x in __import__("jax").tree.leaves(engine.params))
+                      for x in jax.tree.leaves(engine.params))
     return {"mesh": mesh, "kernels": sorted(plans), "param_bytes": param_bytes,
             "update_hbm_bytes": tpu_plan.hbm_bytes(update),
             "update_xla_bytes": plans["update"].cost_analysis()["bytes accessed"],
