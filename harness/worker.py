@@ -2,10 +2,11 @@
 
 Order inside the cell: build + compile (timed apart) -> the first warmup step, whose captured
 gradient is kept for the parity check -> the other warmup steps -> the untraced timed window
-(per-step wall, dispatch and wait; GC pauses; RSS high-water) -> memory and compiled cost of
-the executables -> an optional traced window (never the timed one) -> the exact reference
-gradient, computed last so its memory cannot pollute the measured peaks. Each phase is a
-small function returning its section of the `reports.record.Record` the cell writes.
+(after a full garbage collection: per-step wall, dispatch and wait; GC pauses; RSS
+high-water) -> memory and compiled cost of the executables -> an optional traced window
+(never the timed one) -> the exact reference gradient, computed last so its memory cannot
+pollute the measured peaks. Each phase is a small function returning its section of the
+`reports.record.Record` the cell writes.
 """
 
 from __future__ import annotations
@@ -186,6 +187,7 @@ def _timed_window(arm, batches, run: CellRun, spec, compiles,
     from harness import measure
 
     compiled_before = compiles.count
+    measure.settle_heap()
     gc_pauses = measure.GCPauses()
     with gc_pauses.watch(), measure.rss_high_water() as rss:
         step_ms, dispatch_ms, wait_ms = measure.timed_steps(lambda: arm.step(batches),
