@@ -59,7 +59,9 @@ def native_step(graph, loss_fn, tx, clip, params, rest, opt_state, batches):
         updates, opt_state = tx.update(g, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
-    # A step whose loss is not finite is skipped, as every trainer here does.
+    # A step whose loss is not finite is skipped, as our engine does (PeftTrainer does not).
+    # The skip keeps the old state until the loss is known, so at GA=1 the raw gradient
+    # needs a param-sized buffer of its own before the update writes in place.
     params, opt_state = jax.lax.cond(jnp.isfinite(loss_sum), update, lambda p, o: (p, o),
                                      params, opt_state)
     return params, rest, opt_state, loss_sum * scale
