@@ -17,21 +17,20 @@ def test_the_timed_window_starts_on_a_collected_heap(devices):
     arm.build()
     batches = arm.place(spec.micro_batches(0))
     arm.step(batches)  # warmup
-    collected_before_step = []
-    real_step = arm.step
-
-    def step(micro_batches):
-        collected_before_step.append(not alive())
-        return real_step(micro_batches)
-
-    arm.step = step
     gc.disable()  # only an explicit collection may free the cycle below
     try:
-        cycle = [None]
-        cycle[0] = cycle  # unreachable once the name is gone: only a collection frees it
-        alive = weakref.ref(_Cell(cycle)).__call__
+        cycle = []
+        garbage = weakref.ref(_Cell(cycle))  # the cell and the list refer to each other
         del cycle
-        assert alive() is not None
+        assert garbage() is not None
+        collected_before_step = []
+        real_step = arm.step
+
+        def step(micro_batches):
+            collected_before_step.append(garbage() is None)
+            return real_step(micro_batches)
+
+        arm.step = step
         run = CellRun(arm="native", spec=spec.to_dict(), steps=3, warmup=1)
         timing, _ = _timed_window(arm, batches, run, spec, CompileCounter(), build_s=0.0)
     finally:
