@@ -1,3 +1,4 @@
+import jax
 import optax
 import pytest
 
@@ -7,6 +8,11 @@ from engine import EngineConfig, TrainingEngine
 from engine.model import build_decoder, get_preset, make_mesh
 
 RAGGED = [64, 16, 40, 8]
+
+
+def bytes_per_device(tree) -> int:
+    """Bytes one device holds of `tree` (the first addressable shard of each array)."""
+    return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree))
 
 
 def ragged_batches(seed=0, counts=RAGGED, batch_size=2, seq_len=32, **kw):

@@ -21,7 +21,7 @@ from engine.kernels import MicroBatchMetrics
 from engine.metrics import MetricsRecorder
 from engine.model import build_decoder, get_preset, make_mesh
 from harness import tpu_plan
-from tests.engine.conftest import ragged_batches, traced_executions
+from tests.engine.conftest import bytes_per_device, ragged_batches, traced_executions
 
 
 def run_split(engine, batches):
@@ -34,10 +34,6 @@ def _ops(kernel, op: str) -> list[str]:
     """Result types of every `stablehlo.<op>` in a kernel's lowered module."""
     return re.findall(rf"stablehlo\.{op} .*?-> (tensor<[^>]*>)|stablehlo\.{op} [^\n]*: "
                       r"(tensor<[^>]*>)\n", kernel.lowered.as_text())
-
-
-def _bytes_per_device(tree) -> int:
-    return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree))
 
 
 def test_item01_kernels_lowered_inside_rules_carry_activation_constraints(engine_factory):
@@ -70,7 +66,7 @@ def test_item02_update_donates_the_train_state_and_fwd_bwd_never_donates_params(
     assert not any(x.is_deleted() for x in reachable)
     engine.model(batches[0].tokens, batches[0].positions, batches[0].segment_ids)
     # The update writes the new params and moments into the donated buffers (per device).
-    param_bytes = _bytes_per_device(engine.params)
+    param_bytes = bytes_per_device(engine.params)
     update = engine.kernels["update"].compiled.memory_analysis()
     assert update.alias_size_in_bytes >= 3 * param_bytes  # params, mu, nu (adamw)
     accumulate = engine.kernels["fwd_bwd_accumulate"].compiled.memory_analysis()
@@ -84,7 +80,7 @@ def test_item02_train_step_donates_params_and_the_model_stays_usable(engine_fact
     engine.train_step(batches)
     assert all(x.is_deleted() for x in old_params)
     engine.model(batches[0].tokens, batches[0].positions, batches[0].segment_ids)
-    param_bytes = _bytes_per_device(engine.params)
+    param_bytes = bytes_per_device(engine.params)
     step = engine.kernels["train_step"].compiled.memory_analysis()
     assert step.alias_size_in_bytes >= 3 * param_bytes
 
@@ -234,7 +230,7 @@ def test_item08_update_moves_each_param_sized_buffer_once_per_output(engine_fact
     (read g and the moment, write) 3 + 3, params (read p, new mu, new nu, write) 4 = 12.
     An unread gradient norm or an extra scale/cast/guard pass adds at least one."""
     engine = engine_factory(ga=2, paths=("split",))  # with_capture(adamw), fsdp=2
-    param_bytes = _bytes_per_device(engine.params)  # XLA's cost is per device
+    param_bytes = bytes_per_device(engine.params)  # XLA's cost is per device
     cost = engine.kernels["update"].compiled.cost_analysis()
     assert cost["bytes accessed"] <= 12 * param_bytes + 4096  # + the scalars
 

@@ -9,11 +9,9 @@ object per mesh.
 import json
 import sys
 
-import jax
-
 from engine.model import make_mesh
 from harness import tpu_plan
-from tests.engine.conftest import make_engine, ragged_batches
+from tests.engine.conftest import bytes_per_device, make_engine, ragged_batches
 
 
 def plan(mesh: str) -> dict:
@@ -30,8 +28,7 @@ def plan(mesh: str) -> dict:
         refusal = None
     except ValueError as err:
         refusal = str(err)
-    param_bytes = sum(x.addressable_shards[0].data.nbytes
-                      for x in jax.tree.leaves(engine.params))
+    param_bytes = bytes_per_device(engine.params)
     return {"mesh": mesh, "kernels": sorted(plans), "param_bytes": param_bytes,
             "update_hbm_bytes": tpu_plan.hbm_bytes(update),
             "update_xla_bytes": plans["update"].cost_analysis()["bytes accessed"],
