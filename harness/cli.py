@@ -59,7 +59,7 @@ class Env(Command):
     name = "env"
     help = "print the environment records are compared by"
     description = ("Prints the environment cells would record (git sha, versions, backend, "
-                   "devices, XLA flags).")
+                   "devices, XLA flags, host allocator settings).")
 
     @classmethod
     def setup(cls, parser):
@@ -69,9 +69,9 @@ class Env(Command):
     def run(cls, args):
         import json
 
-        from harness.runner import cpu_env, probe
+        from harness.runner import cell_environment
 
-        print(json.dumps(probe(cpu_env(args.cpu_devices)), indent=1))
+        print(json.dumps(cell_environment(args.cpu_devices)[1], indent=1))
         return 0
 
 class Run(Command):

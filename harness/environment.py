@@ -10,9 +10,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "google-tunix", "maxtext")
-COMPARABLE_KEYS = ("versions", "backend", "device_kind", "device_count", "process_count",
-                   "xla_flags")
-"""Keys two records must share to be compared (git sha and dirtiness are what A/B varies)."""
+HOST_MALLOC_PREFIXES = ("MALLOC_", "GLIBC_TUNABLES")
+"""Environment variables that change how glibc's malloc hands memory back to the OS."""
 
 
 def _git(*args: str) -> str | None:
@@ -40,6 +39,13 @@ def versions() -> dict[str, str | None]:
     return found
 
 
+def host_malloc(env: dict[str, str] | None = None) -> str:
+    """The glibc allocator settings in `env` (default: this process's), as `K=V K=V`."""
+    env = os.environ if env is None else env
+    return " ".join(f"{k}={v}" for k, v in sorted(env.items())
+                    if k.startswith(HOST_MALLOC_PREFIXES))
+
+
 def environment() -> dict:
     """Fingerprint of this process's JAX environment (initializes the backend)."""
     import jax
@@ -55,6 +61,7 @@ def environment() -> dict:
         "local_device_count": jax.local_device_count(),
         "process_count": jax.process_count(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "host_malloc": host_malloc(),
         "host": platform.node(),
     }
 

@@ -129,8 +129,7 @@ class Grid:
         self.run_id = run_id or runner.new_run_id()
         self.path = runner.results_path(out, self.run_id, self.options.get("name"))
         results.check_appendable(self.path)
-        self.env = runner.cpu_env(self.options.get("cpu_devices"))
-        self.environment = runner.probe(self.env)
+        self.env, self.environment = runner.cell_environment(self.options.get("cpu_devices"))
         available = {**self.environment,
                      "device_count": self.environment["device_count"] * processes}
         cells = grid.expand(self.options, mesh_sizes=available)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from harness import results
+from harness.environment import host_malloc
 from harness.reaper import REAPER, die_with_parent
 from harness.worker import OOM_MARKERS, PEER_MARKERS, CellRun
 from reports.record import (
@@ -43,6 +44,32 @@ def cpu_env(cpu_devices: int | None, base: dict | None = None) -> dict[str, str]
         flags.append(f"--xla_force_host_platform_device_count={cpu_devices}")
         env["XLA_FLAGS"] = " ".join(flags)
     return env
+
+
+HOST_MALLOC = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0",
+               "MALLOC_TRIM_THRESHOLD_": str(2**32 - 1)}
+"""glibc settings for cells on the CPU backend: freed memory stays in the process.
+
+XLA's CPU runtime mallocs each execution's temp buffer and frees it when the execution ends.
+By default glibc serves a request over 32 MiB with a fresh mmap, gives each worker thread an
+arena whose emptied heaps are unmapped, and trims the main heap's top: each way, the next
+execution faults its temp in again page by page, a cost of executions x temp size (the split
+engine at `small` seq 128 GA 4: 48k page faults, 190 MiB, per step; the single-jit arms 17k).
+An accelerator runtime pools device memory and pays none of this, so the CPU proxy turns it
+off: one arena, no mmap, no trim (all three are needed; any two leave the faults). The cost
+is a resident set that stays at its high-water mark."""
+
+
+def cell_environment(cpu_devices: int | None) -> tuple[dict[str, str], dict]:
+    """(env, environment): the variables cells run with and the environment they will
+    record (from one `probe`). On the CPU backend `env` carries HOST_MALLOC, unless it sets
+    a glibc malloc variable already: a user's own allocator settings are kept, and recorded."""
+    env = cpu_env(cpu_devices)
+    environment = probe(env)
+    if environment["backend"] == "cpu" and not host_malloc(env):
+        env.update(HOST_MALLOC)
+        environment["host_malloc"] = host_malloc(env)
+    return env, environment
 
 
 def probe(env: dict[str, str], timeout_s: float = 120) -> dict:
@@ -251,6 +278,10 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
             record.ab = ab
             if record.environment is None and environment is not None:
                 record.environment = section(Environment, environment)
+            if record.environment is not None:
+                # The runner chose the cell's allocator, so it records it: the same value
+                # the worker reads, also for an A/B ref whose worker predates the field.
+                record.environment.host_malloc = host_malloc(env)
             if writer:
                 try:
                     results.append(path, record)

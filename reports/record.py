@@ -230,9 +230,13 @@ class Environment:
     process_count: int
     xla_flags: str
     host: str
+    host_malloc: str = ""
+    """glibc allocator settings the cell ran under (`MALLOC_*=...`); on CPU they decide
+    whether each execution's temp buffer faults in fresh pages (harness.runner.HOST_MALLOC)."""
 
     COMPARABLE: typing.ClassVar[tuple[str, ...]] = (
-        "versions", "backend", "device_kind", "device_count", "process_count", "xla_flags")
+        "versions", "backend", "device_kind", "device_count", "process_count", "xla_flags",
+        "host_malloc")
     """What two records must share to be compared (git sha and dirtiness are what A/B
     varies; python and host are informational)."""
 

@@ -56,8 +56,9 @@ def environment_key(env: Environment | None) -> str:
     if env is None:
         return "unknown environment"
     pins = ", ".join(f"{k} {v}" for k, v in sorted(env.versions.items()) if v)
+    malloc = f" / {env.host_malloc}" if env.host_malloc else ""
     return (f"{env.backend} x{env.device_count} {env.device_kind} / processes "
-            f"{env.process_count} / XLA_FLAGS {env.xla_flags or 'none'} / {pins}")
+            f"{env.process_count} / XLA_FLAGS {env.xla_flags or 'none'}{malloc} / {pins}")
 
 
 def to_frame(records: list[Record]) -> pd.DataFrame:
