@@ -10,8 +10,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "google-tunix", "maxtext")
-HOST_MALLOC_PREFIXES = ("MALLOC_", "GLIBC_TUNABLES")
-"""Environment variables that change how glibc's malloc hands memory back to the OS."""
 
 
 def _git(*args: str) -> str | None:
@@ -40,10 +38,12 @@ def versions() -> dict[str, str | None]:
 
 
 def host_malloc(env: dict[str, str] | None = None) -> str:
-    """The glibc allocator settings in `env` (default: this process's), as `K=V K=V`."""
+    """The glibc allocator settings in `env` (default: this process's), as `K=V K=V`: the
+    `MALLOC_*` variables, and `GLIBC_TUNABLES` where it sets a `glibc.malloc` tunable."""
     env = os.environ if env is None else env
     return " ".join(f"{k}={v}" for k, v in sorted(env.items())
-                    if k.startswith(HOST_MALLOC_PREFIXES))
+                    if k.startswith("MALLOC_")
+                    or (k == "GLIBC_TUNABLES" and "glibc.malloc." in v))
 
 
 def environment() -> dict:

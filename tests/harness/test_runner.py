@@ -153,6 +153,9 @@ def test_env_prints_the_environment():
                           env={**_env(), "MALLOC_ARENA_MAX": "4"}, capture_output=True,
                           text=True, timeout=120)
     assert json.loads(proc.stdout)["host_malloc"] == "MALLOC_ARENA_MAX=4"
+    assert host_malloc({"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX2"}) == ""
+    assert host_malloc({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1", "HOME": "/"}) == (
+        "GLIBC_TUNABLES=glibc.malloc.hugetlb=1")
 
 
 # The split engine at GA 4 (tiny, seq 256, batch 32: a 76 MiB fwd_bwd temp buffer, executed 4
