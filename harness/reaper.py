@@ -48,17 +48,37 @@ class Terminated(BaseException):
         return 128 + self.signum
 
 
-def _raise_terminated(signum, frame):
-    raise Terminated(signum)
+_received: list[int] = []
+"""Signals received inside `terminate_on_signals` and not yet acted on."""
+
+
+def _stop(signum: int) -> BaseException:
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+
+
+def _raise_stop(signum, frame):
+    _received.append(signum)
+    raise _stop(signum)
+
+
+def raise_if_signalled() -> None:
+    """Raises the stop for a signal whose exception was swallowed where it landed: Python
+    ignores an exception raised in a finalizer or an at-fork hook (seen: SIGINT during the
+    fork of a cell's worker), so a run loop calls this between cells."""
+    if _received:
+        raise _stop(_received[-1])
 
 
 @contextlib.contextmanager
 def terminate_on_signals() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise `Terminated` inside the block (then restored)."""
-    previous = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGHUP)}
+    """SIGINT raises KeyboardInterrupt, SIGTERM and SIGHUP `Terminated`, inside the block;
+    each is also remembered for `raise_if_signalled` (handlers restored on exit)."""
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, _raise_stop) for s in signals}
     try:
         yield
     finally:
+        _received.clear()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

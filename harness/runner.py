@@ -18,7 +18,7 @@ from pathlib import Path
 
 from harness import results
 from harness.environment import host_malloc
-from harness.reaper import REAPER, die_with_parent
+from harness.reaper import REAPER, die_with_parent, raise_if_signalled
 from harness.worker import OOM_MARKERS, PEER_MARKERS, CellRun
 from reports.record import (
     ABTag,
@@ -259,6 +259,7 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
     order = schedule(cells, rounds)
     with results.exclusive(path) if writer else contextlib.nullcontext():
         for k, (round_index, index, cell) in enumerate(order):
+            raise_if_signalled()
             if distributed:
                 cell = dataclasses.replace(cell, distributed=_cell_distributed(distributed, k))
             if cell.trace:

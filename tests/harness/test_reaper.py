@@ -128,3 +128,21 @@ def test_terminated_carries_the_shell_exit_code():
         time.sleep(5)  # the handler raises before this ends
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
+
+
+def test_a_stop_signal_whose_exception_was_swallowed_still_stops_the_run_loop():
+    """Python ignores an exception raised in a finalizer or an at-fork hook, so a SIGINT that
+    lands there would be lost; the run loop's `raise_if_signalled` raises it again."""
+    from harness.reaper import Terminated, raise_if_signalled, terminate_on_signals
+
+    for signum, stop in ((signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, Terminated)):
+        with terminate_on_signals():
+            raise_if_signalled()  # nothing received yet
+            try:  # stands in for the finalizer that swallows the handler's exception
+                os.kill(os.getpid(), signum)
+                time.sleep(1)
+            except stop:
+                pass
+            with pytest.raises(stop):
+                raise_if_signalled()
+        raise_if_signalled()  # the block's end forgets it
