@@ -37,10 +37,10 @@ def versions() -> dict[str, str | None]:
     return found
 
 
-def host_malloc(env: dict[str, str] | None = None) -> str:
-    """The glibc allocator settings in `env` (default: this process's), as `K=V K=V`: the
-    `MALLOC_*` variables, and `GLIBC_TUNABLES` where it sets a `glibc.malloc` tunable."""
-    env = os.environ if env is None else env
+def host_malloc(env: dict[str, str]) -> str:
+    """The glibc allocator settings in `env`, as `K=V K=V`: the `MALLOC_*` variables, and
+    `GLIBC_TUNABLES` where it sets a `glibc.malloc` tunable. The runner records them for the
+    variables it starts cells with (harness.runner.cell_environment, run_grid)."""
     return " ".join(f"{k}={v}" for k, v in sorted(env.items())
                     if k.startswith("MALLOC_")
                     or (k == "GLIBC_TUNABLES" and "glibc.malloc." in v))
@@ -61,7 +61,6 @@ def environment() -> dict:
         "local_device_count": jax.local_device_count(),
         "process_count": jax.process_count(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "host_malloc": host_malloc(),
         "host": platform.node(),
     }
 

@@ -68,7 +68,7 @@ def cell_environment(cpu_devices: int | None) -> tuple[dict[str, str], dict]:
     environment = probe(env)
     if environment["backend"] == "cpu" and not host_malloc(env):
         env.update(HOST_MALLOC)
-        environment["host_malloc"] = host_malloc(env)
+    environment["host_malloc"] = host_malloc(env)
     return env, environment
 
 
@@ -280,8 +280,8 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
             if record.environment is None and environment is not None:
                 record.environment = section(Environment, environment)
             if record.environment is not None:
-                # The runner chose the cell's allocator, so it records it: the same value
-                # the worker reads, also for an A/B ref whose worker predates the field.
+                # The runner chose the cell's allocator, so the runner records it (also for
+                # an A/B ref whose worker predates the field).
                 record.environment.host_malloc = host_malloc(env)
             if writer:
                 try:
