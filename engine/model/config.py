@@ -94,6 +94,10 @@ PRESETS: dict[str, DecoderConfig] = {
     # CPU benchmarks: a step of a few hundred ms on two cores at batch 8 x seq 128.
     "small": DecoderConfig(vocab_size=4096, embed_dim=256, num_layers=4, num_heads=8,
                            num_kv_heads=4, head_dim=32, mlp_dim=768),
+    # `small` with a separate output head: the exact CPU comparison with the MaxText arms.
+    "small-untied": DecoderConfig(vocab_size=4096, embed_dim=256, num_layers=4, num_heads=8,
+                                  num_kv_heads=4, head_dim=32, mlp_dim=768,
+                                  tie_embeddings=False),
     # Real Qwen3 dimensions (Hugging Face configs; identical to Tunix's presets).
     "qwen3-0.6b": DecoderConfig(embed_dim=1024, num_layers=28, num_heads=16, mlp_dim=3072,
                                 tie_embeddings=True, **_QWEN3_COMMON),

@@ -28,6 +28,15 @@ def test_untied_head_adds_exactly_one_embed_by_vocab_matrix():
     assert param_count(untied) - param_count(tied) == tied.embed_dim * tied.vocab_size
 
 
+@pytest.mark.parametrize("tied_name", ["tiny", "small"])
+def test_each_untied_preset_is_its_tied_preset_with_a_separate_head(tied_name):
+    """`X-untied` is `X` plus an output head and nothing else, so a MaxText arm's exact
+    comparison on it measures the same model as `X` up to that one matrix."""
+    tied, untied = get_preset(tied_name), get_preset(f"{tied_name}-untied")
+    assert tied.tie_embeddings and not untied.tie_embeddings
+    assert untied == tied.replace(tie_embeddings=False)
+
+
 def test_override_applies_and_bad_remat_is_refused():
     assert get_preset("tiny", scan_layers=True).scan_layers
     with pytest.raises(ValueError, match="remat='some'"):
