@@ -1,9 +1,10 @@
 """Runs one cell in this (fresh) process and writes its record: `python -m harness.worker`.
 
 Order inside the cell: build + compile (timed apart) -> the first warmup step, whose captured
-gradient is kept for the parity check -> the other warmup steps -> the untraced timed window
-(after a full garbage collection: per-step wall, dispatch and wait; GC pauses; RSS
-high-water) -> memory and compiled cost of the executables -> an optional traced window
+gradient is kept for the parity check -> the other warmup steps -> the executables' planned
+memory, and on the CPU backend the host heap they will reuse faulted in (measure.reserve_heap)
+-> the untraced timed window (after a full garbage collection: per-step wall, dispatch and
+wait; GC pauses; RSS high-water) -> compiled cost of the executables -> an optional traced window
 (never the timed one) -> the exact reference gradient, computed last so its memory cannot
 pollute the measured peaks. Each phase is a small function returning its section of the
 `reports.record.Record` the cell writes.
@@ -22,6 +23,7 @@ import traceback
 from reports.record import (
     Cost,
     Environment,
+    ExecutableMemory,
     Failure,
     GCPauses,
     HostMemory,
@@ -146,10 +148,12 @@ def run_cell(run: CellRun) -> Record:
     arm, build_s = _build(run.arm, spec)
     batches = arm.place(spec.micro_batches(0))
     first_loss, captured = _warmup(arm, batches, run)
-    timing, rss_growth = _timed_window(arm, batches, run, spec, compiles, build_s)
     executables = arm.executables()
+    planned = _planned_memory(executables)
+    reserved = _reserve_heap(planned)
+    timing, rss_growth = _timed_window(arm, batches, run, spec, compiles, build_s)
     record = Record(
-        about=arm.about(), timing=timing, memory=_memory(executables, rss_growth),
+        about=arm.about(), timing=timing, memory=_memory(planned, rss_growth, reserved),
         cost=_cost(executables, arm.calls_per_step(), timing.stats.median_ms, spec),
         trace=_traced_window(arm, batches, run) if run.trace else None,
         parity=_parity(spec, captured, first_loss) if run.parity else None)
@@ -205,7 +209,23 @@ def _timed_window(arm, batches, run: CellRun, spec, compiles,
         compiles=compiles.count), rss["rss_delta_bytes"]
 
 
-def _memory(executables, rss: int | None) -> Memory:
+def _planned_memory(executables) -> dict[str, ExecutableMemory | None]:
+    from harness import measure
+
+    return {name: measure.executable_memory(c) for name, c in executables.items()}
+
+
+def _reserve_heap(planned: dict[str, ExecutableMemory | None]) -> int:
+    """Faults in host heap for the executions of the timed window before it starts: a
+    multiple of the largest execution's fresh bytes (temp, and outputs not written in
+    place); see harness.measure.reserve_heap."""
+    from harness import measure
+
+    fresh = max((m.temp + m.output - m.alias for m in planned.values() if m), default=0)
+    return measure.reserve_heap(measure.RESERVE_PER_EXECUTION * fresh)
+
+
+def _memory(planned, rss: int | None, reserved: int) -> Memory:
     """Each executable's planned memory, the device peak and the timed window's RSS growth,
     per host."""
     import jax
@@ -213,11 +233,11 @@ def _memory(executables, rss: int | None) -> Memory:
 
     from harness import measure
 
-    planned = {name: measure.executable_memory(c) for name, c in executables.items()}
     peak = measure.peak_bytes_in_use(jax.local_devices())
     return Memory(peak_bytes_in_use=peak, executables=planned,
                   planned_bytes=max((m.total for m in planned.values() if m), default=None),
-                  rss_delta_bytes=rss, hosts=_per_host_memory(rss, peak, np))
+                  rss_delta_bytes=rss, hosts=_per_host_memory(rss, peak, np),
+                  heap_reserved_bytes=reserved)
 
 
 def _cost(executables, calls: dict[str, int], median_ms: float, spec) -> Cost:

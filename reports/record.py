@@ -146,6 +146,10 @@ class Memory:
     rss_delta_bytes: int | None
     """Process RSS high-water growth over the timed window."""
     hosts: list[HostMemory] | None = None
+    heap_reserved_bytes: int | None = None
+    """Host heap faulted in and freed again before the timed window, where glibc keeps freed
+    memory (CPU cells; harness.measure.reserve_heap). In the resident set, not in
+    rss_delta_bytes. None in records written before it existed."""
 
 
 @_section

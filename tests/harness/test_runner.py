@@ -14,6 +14,7 @@ import pytest
 from harness import results
 from harness.environment import host_malloc
 from harness.grid import expand
+from harness.measure import RESERVE_PER_EXECUTION
 from harness.runner import HOST_MALLOC, cpu_env, run_grid
 from reports.record import Failure, Record
 
@@ -62,6 +63,7 @@ def test_failing_cells_are_recorded_and_the_grid_completes(tmp_path):
     assert ok.parity.rel_l2 <= 1e-5
     assert ok.environment.backend == "cpu"
     assert ok.memory.executables["step"].total > 0
+    assert ok.memory.heap_reserved_bytes == 0  # glibc's defaults: no heap kept to reserve
 
 
 def test_without_maxtext_only_the_maxtext_arms_fail_and_say_why(tmp_path):
@@ -94,8 +96,12 @@ def test_sigint_keeps_finished_cells_and_valid_jsonl(tmp_path):
     records = results.read(files[0])  # raises on any torn line
     assert 1 <= len(records) < 9
     assert all(r.ok for r in records)
-    # Cells ran under, and record, the CPU allocator settings.
+    # Cells ran under, and record, the CPU allocator settings, and faulted in the heap their
+    # executions reuse before timing.
     assert {r.environment.host_malloc for r in records} == {host_malloc(HOST_MALLOC)}
+    for r in records:
+        fresh = max(m.temp + m.output - m.alias for m in r.memory.executables.values())
+        assert r.memory.heap_reserved_bytes == RESERVE_PER_EXECUTION * fresh > 0
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -1,0 +1,70 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from harness import measure
+from harness.runner import HOST_MALLOC
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A heap left short by fragmentation, then two blocks of BLOCK taken at once, as executions
+# take their temps: the pages faulted in while taking them, with and without
+# reserve_heap(2 * BLOCK) first. BLOCK/2 carved out of a freed BLOCK leaves no free block
+# that fits, so without the reserve both come from fresh memory at the top of the heap.
+_FRAGMENTED_HEAP = """
+import ctypes, json, resource, sys
+from harness.measure import reserve_heap
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.restype, libc.free.argtypes = None, [ctypes.c_void_p]
+BLOCK = 64 << 20
+first = libc.malloc(BLOCK); ctypes.memset(first, 0, BLOCK)
+after = libc.malloc(BLOCK // 8)  # too big for any block freed before: it lies after `first`
+libc.free(first)
+half = libc.malloc(BLOCK // 2)
+reserved = reserve_heap(2 * BLOCK) if sys.argv[1] == "reserve" else 0
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+blocks = [libc.malloc(BLOCK), libc.malloc(BLOCK)]
+for block in blocks:
+    ctypes.memset(block, 1, BLOCK)
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print(json.dumps([reserved, faults, BLOCK // resource.getpagesize()]))
+"""
+
+
+def _fragmented_heap(reserve: bool, env: dict) -> tuple[int, int, int]:
+    env = {**env, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", _FRAGMENTED_HEAP,
+                           "reserve" if reserve else "none"],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return tuple(json.loads(proc.stdout.splitlines()[-1]))
+
+
+def test_reserved_heap_serves_later_blocks_without_faulting_a_page_in():
+    """Where glibc keeps freed memory, blocks taken after the heap reserve come from memory
+    already faulted in; without it they fault in every page. Page-fault counts do not
+    depend on machine load."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env.update(HOST_MALLOC)
+    reserved, without, pages = _fragmented_heap(False, env)
+    assert reserved == 0 and without >= 2 * pages
+    reserved, faults, pages = _fragmented_heap(True, env)
+    assert reserved == 2 * pages * os.sysconf("SC_PAGE_SIZE")
+    assert faults <= pages // 100
+
+
+def test_heap_reserve_runs_only_where_glibc_keeps_freed_memory(monkeypatch):
+    for name in ("MALLOC_MMAP_MAX_", "GLIBC_TUNABLES"):
+        monkeypatch.delenv(name, raising=False)
+    assert not measure.heap_keeps_large_blocks(os.environ)
+    assert measure.reserve_heap(1 << 20) == 0  # glibc's defaults: big blocks are mmapped
+    assert measure.heap_keeps_large_blocks({"MALLOC_MMAP_MAX_": "0"})
+    assert measure.heap_keeps_large_blocks({"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0"})
+    assert not measure.heap_keeps_large_blocks({"GLIBC_TUNABLES": "glibc.malloc.mmap_max=8"})
+    monkeypatch.setenv("MALLOC_MMAP_MAX_", "0")
+    assert measure.reserve_heap(0) == 0
+    huge = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert measure.reserve_heap(huge) == 0  # would take over half the free memory: skipped
