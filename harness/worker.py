@@ -216,11 +216,16 @@ def _planned_memory(executables) -> dict[str, ExecutableMemory | None]:
 
 
 def _reserve_heap(planned: dict[str, ExecutableMemory | None]) -> int:
-    """Faults in host heap for the executions of the timed window before it starts: a
-    multiple of the largest execution's fresh bytes (temp, and outputs not written in
-    place); see harness.measure.reserve_heap."""
+    """On the CPU backend, faults in host heap for the executions of the timed window before
+    it starts: a multiple of the largest execution's fresh bytes (temp, and outputs not
+    written in place); see harness.measure.reserve_heap. An accelerator's plan is device
+    memory, which its runtime pools itself."""
+    import jax
+
     from harness import measure
 
+    if jax.default_backend() != "cpu":
+        return 0
     fresh = max((m.temp + m.output - m.alias for m in planned.values() if m), default=0)
     return measure.reserve_heap(measure.RESERVE_PER_EXECUTION * fresh)
 
