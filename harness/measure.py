@@ -101,7 +101,7 @@ def heap_keeps_large_blocks(env: Mapping[str, str]) -> bool:
     """Whether glibc serves every request from the process heap and keeps what is freed there
     (harness.runner.HOST_MALLOC, or the same set as glibc tunables): only then does memory
     faulted in once stay mapped for the next execution to reuse."""
-    tunables = env.get("GLIBC_TUNABLES", "")
+    tunables = env.get("GLIBC_TUNABLES", "").split(":")  # name=value:name=value
     no_mmap = (env.get("MALLOC_MMAP_MAX_") == "0" or "glibc.malloc.mmap_max=0" in tunables)
     return no_mmap and sys.platform.startswith("linux")
 

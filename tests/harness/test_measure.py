@@ -63,7 +63,10 @@ def test_heap_reserve_runs_only_where_glibc_keeps_freed_memory(monkeypatch):
     assert measure.reserve_heap(1 << 20) == 0  # glibc's defaults: big blocks are mmapped
     assert measure.heap_keeps_large_blocks({"MALLOC_MMAP_MAX_": "0"})
     assert measure.heap_keeps_large_blocks({"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0"})
+    assert measure.heap_keeps_large_blocks(
+        {"GLIBC_TUNABLES": "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0"})
     assert not measure.heap_keeps_large_blocks({"GLIBC_TUNABLES": "glibc.malloc.mmap_max=8"})
+    assert not measure.heap_keeps_large_blocks({"GLIBC_TUNABLES": "glibc.malloc.mmap_max=07"})
     monkeypatch.setenv("MALLOC_MMAP_MAX_", "0")
     assert measure.reserve_heap(0) == 0
     huge = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
