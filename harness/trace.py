@@ -29,6 +29,8 @@ import jax
 from jax.profiler import ProfileData
 
 STEP_NAME = "train"
+COMPLETION_PREFIX = "end: "
+"""XLA:CPU's name for the event that marks an asynchronous op's completion."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +43,8 @@ class StepTrace:
     wall_ns: float
     """Duration of the step annotation."""
     busy_ns: float
-    """Union of the executions' op intervals (device-busy time; on CPU, compute threads)."""
+    """Union of the executions' op intervals, each until the op completed (device-busy
+    time; on CPU, compute threads)."""
 
 
 def profiler_options(hlo: bool = False) -> jax.profiler.ProfileOptions:
@@ -102,29 +105,44 @@ def _stats(event) -> dict:
 
 
 def parse_steps(path: str) -> list[StepTrace]:
-    """Per-step executions and busy time from one .xplane.pb file."""
+    """Per-step executions and busy time from one .xplane.pb file.
+
+    An op's busy interval runs from its event's start to its completion. XLA:CPU runs some
+    thunks asynchronously (large dots and parallel loop fusions go to its intra-op thread
+    pool): the op's event then covers only the launch, and the work ends at a separate
+    `end: <op>` event linked to it by a flow id (the op's `_p` stat is the completion's
+    `_c`). Reading the op events alone would count that work as idle, host time. An op
+    whose completion the profiler stopped before recording keeps its own event's end.
+    """
     data = ProfileData.from_file(path)
     steps: list[tuple[int, float, float]] = []
     executions: dict[tuple, tuple[float, str]] = {}
-    intervals: list[tuple[float, float, tuple]] = []
+    ops: list[tuple[float, float, tuple | None]] = []  # (start, end, completion key)
+    completions: dict[tuple, list[float]] = {}  # (flow id, op name) -> completion ends
     for plane in data.planes:
         for line in plane.lines:
             for event in line.events:
                 stats = _stats(event)
+                end_ns = event.start_ns + event.duration_ns
                 if event.name == STEP_NAME and "step_num" in stats:
-                    steps.append((int(stats["step_num"]), event.start_ns,
-                                  event.start_ns + event.duration_ns))
+                    steps.append((int(stats["step_num"]), event.start_ns, end_ns))
                 elif "hlo_module" in stats and "run_id" in stats:
                     key = (plane.name, stats["hlo_module"], stats.get("program_id"),
                            stats["run_id"])
                     start = executions.get(key, (float("inf"), ""))[0]
                     executions[key] = (min(start, event.start_ns), stats["hlo_module"])
-                    intervals.append((event.start_ns, event.start_ns + event.duration_ns, key))
+                    flow = (stats["_p"], event.name) if "_p" in stats else None
+                    ops.append((event.start_ns, end_ns, flow))
+                elif event.name.startswith(COMPLETION_PREFIX) and "_c" in stats:
+                    flow = (stats["_c"], event.name.removeprefix(COMPLETION_PREFIX))
+                    completions.setdefault(flow, []).append(end_ns)
+    intervals = [(start, max([end] + [t for t in completions.get(flow, ()) if t >= start]))
+                 for start, end, flow in ops]
     result = []
     for step, begin, end in sorted(steps):
         inside = sorted((start, module) for key, (start, module) in executions.items()
                         if begin <= start <= end)
-        spans = sorted((a, b) for a, b, _ in intervals if begin <= a <= end)
+        spans = sorted((a, min(b, end)) for a, b in intervals if begin <= a <= end)
         result.append(StepTrace(step=step, executions=len(inside),
                                 modules=tuple(m for _, m in inside), wall_ns=end - begin,
                                 busy_ns=_union_length(spans)))

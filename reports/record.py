@@ -216,7 +216,10 @@ class Trace:
     modules_per_step: list[list[str]]
     step_ms: list[float]
     busy_ms: list[float]
+    """Per traced step: the union of its executions' op intervals, each op until it
+    completed (harness.trace.parse_steps)."""
     host_ms: list[float]
+    """Per traced step: step_ms - busy_ms, the time no op of the step was running."""
 
 
 @_section
