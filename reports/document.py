@@ -59,8 +59,12 @@ def _section(df: pd.DataFrame, out_dir: Path, prefix: str, baseline_arm: str, ho
                 "gradient the optimizer saw at step 1 and g_exact = sum_i grad(loss_sum_i) / "
                 "sum_i den_i.", tables.parity(df)),
         details("Executions, host and device time (traced window)", "From the separate "
-                "traced window; these numbers never mix with the untraced timing above. The "
-                "last column opens a cell's capture in xprof (`tensorboard --logdir` with the "
+                "traced window; these numbers never mix with the untraced timing above. Busy: "
+                "the union of a step's op intervals, each op until it completed; host: traced "
+                "ms - busy, the time no op of the step ran. Dispatch: time inside the arm's "
+                "step call, before it returned; a trainer that waits inside its own loop "
+                "(PeftTrainer's throttler at GA > 1) counts those waits too. The last column "
+                "opens a cell's capture in xprof (`tensorboard --logdir` with the "
                 "same directory works too); memory_viewer and graph_viewer need a "
                 "`--trace-hlo` capture.",
                 tables.traced(df)),
