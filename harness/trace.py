@@ -118,7 +118,8 @@ def parse_steps(path: str) -> list[StepTrace]:
     steps: list[tuple[int, float, float]] = []
     executions: dict[tuple, tuple[float, str]] = {}
     ops: list[tuple[float, float, tuple | None]] = []  # (start, end, completion key)
-    completions: dict[tuple, list[float]] = {}  # (flow id, op name) -> completion ends
+    completions: dict[tuple, list[float]] = {}  # (flow id, op name) -> completion ends;
+    # an op ends at the first of its completions after its start (ids are not promised unique)
     for plane in data.planes:
         for line in plane.lines:
             for event in line.events:
@@ -136,7 +137,8 @@ def parse_steps(path: str) -> list[StepTrace]:
                 elif event.name.startswith(COMPLETION_PREFIX) and "_c" in stats:
                     flow = (stats["_c"], event.name.removeprefix(COMPLETION_PREFIX))
                     completions.setdefault(flow, []).append(end_ns)
-    intervals = [(start, max([end] + [t for t in completions.get(flow, ()) if t >= start]))
+    intervals = [(start, max(end, min((t for t in completions.get(flow, ()) if t >= start),
+                                      default=end)))
                  for start, end, flow in ops]
     result = []
     for step, begin, end in sorted(steps):
