@@ -50,9 +50,14 @@ def model_layout(model: nnx.Module, mesh) -> tuple[Any, LogicalRules]:
 
 
 def check_model(kind: str, spec: CellSpec) -> None:
-    """Refuses, before anything is built, a cell the model kind cannot express."""
+    """Refuses, before anything is built, a cell the model kind cannot express (neither
+    MaxText nor Tunix is imported for it)."""
     if kind == "maxtext":
         from arms.models.maxtext_qwen3 import check_expressible
+
+        check_expressible(spec.model_config())
+    elif kind == "tunix":
+        from arms.models.tunix_qwen3 import check_expressible
 
         check_expressible(spec.model_config())
 

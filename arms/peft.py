@@ -26,7 +26,11 @@ from arms.base import Arm
 from arms.capture import with_capture
 from arms.workload import MicroBatch
 
-DATA_AXES = ("data", "fsdp")
+DATA_AXES = (("data", "fsdp"),)
+"""Tunix's `data_sharding_axis`, which it spreads into a PartitionSpec (one entry per array
+dimension): the batch dimension over `data` and `fsdp` together, as every arm's batch
+(`engine.model.batch_sharding`). Spelled ("data", "fsdp"), it would shard the batch over
+`data` and the sequence over `fsdp`."""
 
 
 def peft_trainer_module():
@@ -79,15 +83,18 @@ class PeftArm(Arm):
             self.peft = module.PeftTrainer(self.model, with_capture(tx), config)
             self.peft.with_loss_fn(_mean_loss(spec.loss_fn()), has_aux=True)
             self.train_step, _ = self.peft.jit_train_and_eval_step(cache_nnx_graph=True)
-            example = self.place(spec.micro_batches())[0]
-            start = time.perf_counter()
-            # The same program as the cached step, lowered through a twin nnx.jit (the cached
-            # partial cannot be lowered by itself), for memory/cost analysis.
             from flax import nnx
+            from tunix.sft import sharding_utils
 
-            twin = nnx.jit(self.peft.create_train_step_fn(), donate_argnums=1)
-            self._compiled = twin.lower(self.model, self.peft.optimizer,
-                                        example._asdict()).compile()
+            example = sharding_utils.shard_input(self.place(spec.micro_batches())[0]._asdict(),
+                                                 DATA_AXES)
+            start = time.perf_counter()
+            # The same program as the cached step (same function, donation and input
+            # shardings, so the same HLO), lowered through a twin nnx.jit (the cached partial
+            # cannot be lowered by itself), for memory/cost analysis; where a persistent
+            # compilation cache is on, the step's own compile then loads this one.
+            twin = nnx.jit(self.peft.create_train_step_fn(), donate_argnames=("optimizer",))
+            self._compiled = twin.lower(self.model, self.peft.optimizer, example).compile()
             self.compile_seconds = time.perf_counter() - start
         self._losses: list = []
 

@@ -106,3 +106,20 @@ def make_arm(name: str, spec: CellSpec) -> Arm:
         return _PLUGINS[name](spec)
     trainer, model = resolve(name)
     return TRAINERS[trainer].arm_class()(spec, model)
+
+
+def preload(name: str) -> None:
+    """Imports what arm `name` needs (its trainer's module and its model's packages) without
+    building anything, so a caller can time imports apart from the build."""
+    if name in _PLUGINS:
+        return
+    trainer, model = resolve(name)
+    TRAINERS[trainer].arm_class()
+    if model == "maxtext":
+        from arms.models.maxtext_qwen3 import require_maxtext
+
+        require_maxtext(engine=trainer == "maxtext-engine")
+    elif model == "tunix":
+        from arms.models.tunix_qwen3 import tunix_model
+
+        tunix_model()

@@ -109,7 +109,11 @@ def run_ab(ref_a: str, ref_b: str, cells: Sequence[CellRun], out_dir: Path, *,
                                             timeout_s=timeout_s, run_id=f"{ab_id}-{side}",
                                             cwd=trees[side], first_round=round_index,
                                             ab=ABTag(side=side, sha=shas[side]),
-                                            on_start=on_start)
+                                            on_start=on_start,
+                                            # One cell per call: a zygote would serve
+                                            # one cell, and an older ref has none.
+                                            store=Path(tmp) / f"store-{side}",
+                                            prefork=False)
                     records[side].append(record)
                     if on_record:
                         on_record(index, record)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from reports.parity import parity_verdict
 from reports.record import Record, Spec, cell_name, section
+from reports.work import different_work, record_ratio
 
 
 def _fmt(value, spec: str = ".1f", missing: str = "-") -> str:
@@ -36,8 +37,22 @@ def start_line(arm: str, spec: dict, round_index: int, number: int, total: int) 
     return f"[{number}/{total}] start {name}"
 
 
-def cell_line(record: Record) -> str:
-    """The finished cell: timing, and gradient parity as a verdict (a FAIL leads the line)."""
+def other_work(record: Record, earlier: list[Record]) -> str:
+    """'different work (compiled/model FLOPs X vs Y of ARM)' when the first arm of the same
+    spec among the `earlier` records (the shape's first arm in run order) computes more than
+    WORK_TOLERANCE more or less per model FLOP (reports.work); '' otherwise."""
+    first = next((other for other in earlier if other.ok and other.arm != record.arm
+                  and other.config_hash == record.config_hash
+                  and record_ratio(other) is not None), None)
+    if first is None:
+        return ""
+    differ = different_work(record_ratio(record), record_ratio(first))
+    return f"{differ.removesuffix(')')} of {first.arm})" if differ else ""
+
+
+def cell_line(record: Record, earlier: list[Record] = ()) -> str:
+    """The finished cell: timing, gradient parity as a verdict (a FAIL leads the line), and
+    whether it does other work than the `earlier` records of its shape."""
     name = cell_name(record.arm, record.spec) + (f" round {record.round}" if record.round else "")
     if not record.ok:
         return f"FAILED {name}: {record.error.reason}: {record.error.message}"
@@ -46,7 +61,9 @@ def cell_line(record: Record) -> str:
     verdict = parity_verdict(record)
     parity = "parity not checked" if verdict is None else f"parity {verdict.text()}"
     head = "PARITY FAIL" if parity_failed(record) else "ok    "
-    tail = "; its time is not comparable work" if parity_failed(record) else ""
+    differ = other_work(record, list(earlier))
+    tail = ("; its time is not comparable work" if parity_failed(record)
+            else f"; {differ}: its time is not comparable work" if differ else "")
     return (f"{head} {name}{flag}: median {t.stats.median_ms:.1f} ms "
             f"(cv {t.stats.cv:.3f}), {t.tokens_per_s:.0f} tok/s, exec/step "
             f"{_executions(record)}, {parity}{tail}")

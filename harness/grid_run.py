@@ -171,6 +171,7 @@ class Grid:
 
         bar = tqdm(total=total, unit="cell", file=sys.stderr, disable=not sys.stderr.isatty())
         started = 0
+        finished: list = []  # the records so far: a cell's work is judged against them
 
         def on_start(cell, round_index):
             nonlocal started
@@ -182,7 +183,9 @@ class Grid:
         def on_record(index, record):
             self.finished += 1
             bar.update(1)
-            tqdm.write(f"[{started}/{total}] {console.cell_line(record)}", file=sys.stdout)
+            tqdm.write(f"[{started}/{total}] {console.cell_line(record, finished)}",
+                       file=sys.stdout)
+            finished.append(record)
             sys.stdout.flush()
 
         try:

@@ -19,7 +19,15 @@ from pathlib import Path
 from harness import results
 from harness.environment import host_malloc
 from harness.reaper import REAPER, die_with_parent, raise_if_signalled
-from harness.worker import OOM_MARKERS, PEER_MARKERS, CellRun
+from harness.worker import (
+    COMPILE_CACHE,
+    OOM_MARKERS,
+    PEER_MARKERS,
+    REFERENCE_DIR,
+    SPAWNED_AT,
+    CellRun,
+)
+from harness.zygote import Zygote, ZygoteError
 from reports.record import (
     ABTag,
     Environment,
@@ -163,46 +171,84 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int | None, int | N
 
 
 def run_one(cell: CellRun, env: dict[str, str], timeout_s: float,
-            cwd: Path | None = None) -> Record:
+            cwd: Path | None = None, zygote: Zygote | None = None) -> Record:
     """Runs `cell` in a fresh process; never raises for what happens inside the cell.
 
-    The worker has its own process group (a timeout kills the cell and anything it started)
-    and dies with this process (harness.reaper): SIGKILL of the parent included, no worker
-    runs on and no temp dir stays behind.
+    The process is a fresh interpreter, or a child forked from `zygote` (its arm's packages
+    imported once, nothing else: harness.zygote). Either way the worker has its own process
+    group (a timeout kills the cell and anything it started) and dies with this process
+    (harness.reaper): SIGKILL of the parent included, no worker runs on and no temp dir
+    stays behind.
     """
     with tempfile.TemporaryDirectory(prefix="parity-cell-") as tmp, \
             REAPER.watch("path", path=tmp):
         out = Path(tmp) / "record.json"
         err_path = Path(tmp) / "stderr.txt"
-        command = [sys.executable, "-m", "harness.worker", "--cell",
-                   json.dumps(dataclasses.asdict(cell)), "--out", str(out)]
         start = time.perf_counter()
         oom_before = _oom_kills()
-        with err_path.open("w") as stderr:
-            proc = subprocess.Popen(command, env=env, stdout=stderr, stderr=subprocess.STDOUT,
-                                    start_new_session=True, cwd=cwd,
-                                    preexec_fn=die_with_parent(os.getpid()))
-            with REAPER.watch("group", pgid=proc.pid):
-                try:
-                    code, max_rss = _wait(proc, timeout_s)
-                finally:  # the timeout, SIGINT or SIGTERM: take the cell's group down
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    if proc.returncode is None:
-                        proc.wait()
+        try:
+            if zygote is not None and zygote.ready:
+                code, max_rss = _forked(zygote, cell, env, out, err_path, timeout_s)
+            else:
+                code, max_rss = _executed(cell, env, out, err_path, timeout_s, cwd)
+            lost = None
+        except ZygoteError as err:
+            code, max_rss, lost = None, None, err
         oom_after = _oom_kills()
-        ended = Exit(code=code, stderr=err_path.read_text(errors="replace"),
-                     wrote_record=out.exists(), max_rss_bytes=max_rss,
+        stderr = err_path.read_text(errors="replace") if err_path.exists() else ""
+        ended = Exit(code=code, stderr=stderr, wrote_record=out.exists(),
+                     max_rss_bytes=max_rss,
                      oom_kills=(oom_after - oom_before) if oom_before is not None
                      and oom_after is not None else 0)
         elapsed = time.perf_counter() - start
-        record = classify(ended, timeout_s)
+        record = (_failure("crash", f"the zygote forking {cell.arm}'s workers {lost}", stderr)
+                  if lost and not ended.wrote_record else classify(ended, timeout_s))
         if record is None:
             record = Record.from_json(json.loads(out.read_text()), f"cell {cell.arm}")
             if record.error:
                 record.error.stderr_tail = ended.stderr[-STDERR_TAIL:]
     record.wall_s = elapsed
     return record
+
+
+def _executed(cell: CellRun, env: dict[str, str], out: Path, err_path: Path,
+              timeout_s: float, cwd: Path | None) -> tuple[int | None, int | None]:
+    """(exit code or None at the timeout, peak RSS) of `python -m harness.worker`."""
+    command = [sys.executable, "-m", "harness.worker", "--cell",
+               json.dumps(dataclasses.asdict(cell)), "--out", str(out)]
+    env = {**env, SPAWNED_AT: repr(time.time())}
+    with err_path.open("w") as stderr:
+        proc = subprocess.Popen(command, env=env, stdout=stderr, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=cwd,
+                                preexec_fn=die_with_parent(os.getpid()))
+        with REAPER.watch("group", pgid=proc.pid):
+            try:
+                return _wait(proc, timeout_s)
+            finally:  # the timeout, SIGINT or SIGTERM: take the cell's group down
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                if proc.returncode is None:
+                    proc.wait()
+
+
+def _forked(zygote: Zygote, cell: CellRun, env: dict[str, str], out: Path, err_path: Path,
+            timeout_s: float) -> tuple[int | None, int | None]:
+    """(exit code or None at the timeout, peak RSS) of a worker forked from `zygote`; `env`
+    adds to the zygote's only what differs from it."""
+    extra = {k: v for k, v in env.items() if zygote.env.get(k) != v}
+    pid = zygote.spawn(json.dumps(dataclasses.asdict(cell)), out, err_path,
+                       {**extra, SPAWNED_AT: repr(time.time())})
+    finished = False
+    with REAPER.watch("group", pgid=pid):
+        try:
+            code, max_rss = zygote.wait(timeout_s)
+            finished = code is not None
+        finally:  # the timeout, SIGINT or SIGTERM: take the cell's group down
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            if not finished:
+                code, max_rss = zygote.reap(pid)
+    return (code if finished else None), max_rss
 
 
 def schedule(cells: Sequence[CellRun], rounds: int) -> list[tuple[int, int, CellRun]]:
@@ -242,7 +288,8 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
              on_start: Callable[[CellRun, int], None] | None = None,
              cwd: Path | None = None, ab: ABTag | None = None,
              environment: dict | None = None, distributed: dict | None = None,
-             first_round: int = 0) -> tuple[Path, list[Record]]:
+             first_round: int = 0, store: Path | None = None,
+             prefork: bool = True) -> tuple[Path, list[Record]]:
     """Runs every cell `rounds` times (interleaved, see `schedule`), appending each record to
     `out_dir/<run_id>.jsonl` as it finishes; returns the records in run order.
 
@@ -250,14 +297,19 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
     and `first_round` numbers its rounds; `environment` stands in for cells that died before
     writing their own. With `distributed` ({"coordinator": "HOST:PORT", "num_processes",
     "process_id"}) this is one host's runner: the k-th process of the run meets at PORT + k,
-    and only process 0 writes records.
+    and only process 0 writes records. `store` is where cells share what is the same for
+    them (`cell_store`); None: a temp dir for the duration of this call. With `prefork`,
+    each arm's workers are forked from a zygote that imported its packages once
+    (harness.zygote); without, each is a fresh interpreter (an A/B ref's own worker).
     """
     run_id = run_id or new_run_id()
     path = results_path(out_dir, run_id, suite)
     records = []
     writer = distributed is None or distributed.get("process_id", 0) == 0
     order = schedule(cells, rounds)
-    with results.exclusive(path) if writer else contextlib.nullcontext():
+    with results.exclusive(path) if writer else contextlib.nullcontext(), \
+            _store(store) as store, \
+            _Zygotes(store, env, cwd, cells if prefork else None) as zygotes:
         for k, (round_index, index, cell) in enumerate(order):
             raise_if_signalled()
             if distributed:
@@ -267,7 +319,10 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
                     run_id, cell, first_round + round_index))
             if on_start:
                 on_start(cell, first_round + round_index)
-            record = run_one(cell, env, timeout_s, cwd)
+            zygote = zygotes.get(cell)
+            record = run_one(cell, {**env, **cell_store(store, cell)}, timeout_s, cwd, zygote)
+            if zygote is not None and zygote.forked == 1 and record.phases is not None:
+                record.phases = {"preload": zygote.ready_s, **record.phases}
             record.run_id, record.suite, record.arm = run_id, suite, cell.arm
             record.round = first_round + round_index
             record.spec = section(Spec, cell.spec)
@@ -297,6 +352,78 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
             if on_record:
                 on_record(index, record)
     return path, records
+
+
+class _Zygotes:
+    """The zygotes of one grid, one per arm (and plugins). All start together when the grid
+    does, and the first cell runs once every one has imported (no import competes with a
+    timed window; 2 cores import two at a time); they end with the grid. A zygote whose
+    imports failed stays, not ready, so its arm's cells run the plain way (and record the
+    failure); one that died is started again at its arm's next cell."""
+
+    def __init__(self, store: Path, env: dict[str, str], cwd: Path | None,
+                 cells: Sequence[CellRun] | None):
+        self.store, self.env, self.cwd = store, env, cwd
+        self.live: dict[tuple, Zygote] = {}
+        try:
+            for cell in cells or ():
+                if _key(cell) not in self.live:
+                    self.live[_key(cell)] = self._new(cell)
+            for zygote in self.live.values():
+                zygote.start()
+        except BaseException:  # a stop while they import: none is left behind
+            self.__exit__()
+            raise
+
+    def _new(self, cell: CellRun) -> Zygote:
+        log = self.store / f"zygote-{_path_safe(cell.arm)}-{len(self.live)}.log"
+        return Zygote(cell.arm, tuple(cell.plugins), self.env, log, self.cwd)
+
+    def get(self, cell: CellRun) -> Zygote | None:
+        zygote = self.live.get(_key(cell))
+        if zygote is None:
+            return None
+        if zygote.error is None and not zygote.ready:  # it died: a new one for this cell
+            zygote.close()
+            zygote = self.live[_key(cell)] = self._new(cell).start()
+        return zygote
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for zygote in self.live.values():
+            zygote.close()
+
+
+def _key(cell: CellRun) -> tuple:
+    return cell.arm, tuple(cell.plugins)
+
+
+@contextlib.contextmanager
+def _store(store: Path | None):
+    """`store`, or a fresh temp dir (removed afterwards, and by the reaper if this process
+    is killed)."""
+    if store is not None:
+        yield Path(store)
+        return
+    with tempfile.TemporaryDirectory(prefix="parity-store-") as tmp, \
+            REAPER.watch("path", path=tmp):
+        yield Path(tmp)
+
+
+def cell_store(store: Path, cell: CellRun) -> dict[str, str]:
+    """The variables that point a cell at what it shares with other cells of the run:
+    - a persistent compilation cache of its own, shared only by its rounds (the same arm on
+      the same spec compiles the same programs), so round 0 compiles cold and later rounds
+      load; the record counts the hits (Timing.compile_cache_hits);
+    - the exact reference gradients, one per spec (every arm of a shape is given the same
+      work), computed by the first cell of the shape that checks parity and read by the
+      others (Parity.reference_shared).
+    """
+    name = _path_safe(f"{cell.arm}-{_config_hash(cell)}")
+    return {COMPILE_CACHE: str(store / "compile" / name),
+            REFERENCE_DIR: str(store / "reference")}
 
 
 def results_path(out_dir: str | Path, run_id: str, suite: str | None = None) -> Path:

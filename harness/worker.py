@@ -82,6 +82,34 @@ class CellRun:
     """jax.distributed heartbeat timeout: how long a dead peer goes unnoticed."""
 
 
+SPAWNED_AT = "PARITY_SPAWNED_AT"
+"""Environment variable: time.time() when the runner started the cell's process, from which
+the `start` phase (interpreter start-up until the worker's first line) is measured. A variable
+rather than a CellRun field, so a worker of an older commit (an A/B side) ignores it."""
+
+
+class Phases:
+    """Wall seconds of each phase of the cell's process, in the order they ran (the record's
+    `phases`): where a cell's time goes, so waste can be found by measuring."""
+
+    def __init__(self, spawned_at: float | None = None):
+        self.seconds: dict[str, float] = {}
+        if spawned_at is not None:
+            self.seconds["start"] = max(0.0, time.time() - spawned_at)
+        self._last = time.perf_counter()
+
+    def end(self, name: str, *, less: dict[str, float] | None = None) -> None:
+        """Ends phase `name` now (its time since the previous phase ended); the seconds in
+        `less` are phases measured inside it, recorded under their own names instead."""
+        now = time.perf_counter()
+        spent = now - self._last
+        for inner, seconds in (less or {}).items():
+            self.seconds[inner] = self.seconds.get(inner, 0.0) + seconds
+            spent -= seconds
+        self.seconds[name] = self.seconds.get(name, 0.0) + max(0.0, spent)
+        self._last = now
+
+
 def init_distributed(run: CellRun) -> None:
     """Joins the cell's processes before the backend starts (CPU: gloo collectives)."""
     import os
@@ -113,18 +141,50 @@ def host_gather(tree):
     return jax.tree.map(lambda x: multihost_utils.process_allgather(x, tiled=True), tree)
 
 
+COMPILE_CACHE = "PARITY_COMPILE_CACHE"
+"""Environment variable: the directory of the JAX persistent compilation cache this cell
+shares with the other rounds of the same cell (harness.runner gives each cell one); unset:
+no cache, every compile is cold."""
+
+
+def use_compile_cache() -> str | None:
+    """Points JAX's persistent compilation cache at $PARITY_COMPILE_CACHE (every program,
+    however quick to compile); returns the directory, or None where none is given. A program
+    loaded from it is the executable a cold compile would build (same cost and memory
+    analysis); only the compile seconds differ, and the record counts the hits."""
+    import os
+
+    path = os.environ.get(COMPILE_CACHE)
+    if not path:
+        return None
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
+
+
 class CompileCounter:
-    """Counts backend compiles through a jax.monitoring listener."""
+    """Counts backend compiles (cold, or loaded from the persistent compilation cache: JAX
+    reports both as a backend compile) and, of those, the cache hits, through jax.monitoring
+    listeners."""
 
     def __init__(self):
         import jax
 
         self.count = 0
-        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+        self.cache_hits = 0
+        jax.monitoring.register_event_duration_secs_listener(self._on_duration)
+        jax.monitoring.register_event_listener(self._on_event)
 
-    def _on_event(self, event: str, duration: float, **kwargs) -> None:
+    def _on_duration(self, event: str, duration: float, **kwargs) -> None:
         if event == "/jax/core/compile/backend_compile_duration":
             self.count += 1
+
+    def _on_event(self, event: str, **kwargs) -> None:
+        if event == "/jax/compilation_cache/cache_hits":
+            self.cache_hits += 1
 
 
 def _block(out) -> None:
@@ -133,32 +193,52 @@ def _block(out) -> None:
     jax.block_until_ready(out)
 
 
-def run_cell(run: CellRun) -> Record:
-    """Measures one cell in this process: a script of phases, each filling its section."""
+def run_cell(run: CellRun, phases: Phases | None = None) -> Record:
+    """Measures one cell in this process: a script of phases, each filling its section and
+    ending its entry in `phases`."""
     import importlib
 
+    phases = phases or Phases()
     for module in run.plugins:
         importlib.import_module(module)
+    from arms.registry import preload
     from arms.spec import CellSpec
 
     if run.warmup < 1:
         raise ValueError("warmup must be >= 1 (the first warmup step is the parity step)")
     spec = CellSpec.from_dict(run.spec)
+    preload(run.arm)
+    phases.end("imports")
+    import jax
+
+    use_compile_cache()
+    jax.devices()
     compiles = CompileCounter()
+    phases.end("backend")
     arm, build_s = _build(run.arm, spec)
+    phases.end("build", less={"compile": arm.compile_seconds})
     batches = arm.place(spec.micro_batches(0))
     first_loss, captured = _warmup(arm, batches, run)
+    phases.end("warmup")
     executables = arm.executables()
     planned = _planned_memory(executables)
     reserved = _reserve_heap(planned)
+    phases.end("memory")
     timing, rss_growth = _timed_window(arm, batches, run, spec, compiles, build_s)
-    record = Record(
-        about=arm.about(), timing=timing, memory=_memory(planned, rss_growth, reserved),
-        cost=_cost(executables, arm.calls_per_step(), timing.stats.median_ms, spec),
-        trace=_traced_window(arm, batches, run) if run.trace else None,
-        parity=_parity(spec, captured, first_loss) if run.parity else None)
+    phases.end("timed")
+    cost = _cost(executables, arm.calls_per_step(), timing.stats.median_ms, spec)
+    phases.end("cost")
+    traced = parity = None
+    if run.trace:
+        traced = _traced_window(arm, batches, run)
+        phases.end("trace")
+    if run.parity:
+        parity = _parity(spec, captured, first_loss)
+        phases.end("reference")
     arm.close()
-    return record
+    return Record(about=arm.about(), timing=timing,
+                  memory=_memory(planned, rss_growth, reserved), cost=cost, trace=traced,
+                  parity=parity)
 
 
 def _build(name: str, spec):
@@ -206,7 +286,7 @@ def _timed_window(arm, batches, run: CellRun, spec, compiles,
         build_s=build_s, compile_s=arm.compile_seconds,
         recompiles_after_warmup=compiles.count - compiled_before,
         executions_per_step=arm.executions_per_step(),
-        compiles=compiles.count), rss["rss_delta_bytes"]
+        compiles=compiles.count, compile_cache_hits=compiles.cache_hits), rss["rss_delta_bytes"]
 
 
 def _planned_memory(executables) -> dict[str, ExecutableMemory | None]:
@@ -297,29 +377,61 @@ def _traced_window(arm, batches, run: CellRun) -> Trace:
 def _parity(spec, captured, first_loss: float) -> Parity:
     """The first step's captured gradient vs the exact sum/sum reference (computed last, so
     its memory never pollutes the measured peaks)."""
-    import jax
-
-    from arms.workload import (
-        data_digest,
-        denominators,
-        exact_loss_and_gradient,
-        global_norm,
-        rel_l2,
-    )
-    from engine.model import build_decoder, make_mesh
+    from arms.workload import data_digest, denominators, global_norm, rel_l2
 
     batches = spec.micro_batches(0)
-    # On one local device; where the arm ran on that same one-device mesh, its compiled
-    # initializer is reused (same weights, no second compile).
-    one_device = make_mesh("", devices=jax.local_devices()[:1])
-    reference = build_decoder(spec.model_config(), seed=spec.seed, mesh=one_device)
-    exact_loss, exact = exact_loss_and_gradient(reference, batches, spec.loss_fn())
+    exact_loss, exact, shared = _exact_reference(spec, batches)
     return Parity(
         data_digest=data_digest(batches), denominators=denominators(batches),
         denominator=sum(denominators(batches)), loss=first_loss, exact_loss=exact_loss,
         loss_rel_error=abs(first_loss - exact_loss) / abs(exact_loss) if exact_loss else None,
         grad_l2=global_norm(captured), exact_grad_l2=global_norm(exact),
-        rel_l2=rel_l2(captured, exact))
+        rel_l2=rel_l2(captured, exact), reference_shared=shared)
+
+
+REFERENCE_DIR = "PARITY_REFERENCE_DIR"
+"""Environment variable: where the cells of a run keep the exact references they computed,
+one file per spec (harness.runner.cell_store); unset: every cell computes its own."""
+
+
+def _exact_reference(spec, batches) -> tuple[float, dict, bool]:
+    """(exact loss, exact gradient as a pure dict, whether it was read from the run's
+    reference store). The reference depends only on the spec (weights, data, loss), which
+    every arm of a shape shares, so the first cell of a shape computes it and writes it to
+    $PARITY_REFERENCE_DIR/<spec hash>.msgpack (whole, by rename); the others read it."""
+    import os
+    from pathlib import Path
+
+    from flax import serialization
+
+    directory = os.environ.get(REFERENCE_DIR)
+    path = Path(directory) / f"{spec.config_hash()}.msgpack" if directory else None
+    if path is not None and path.exists():
+        stored = serialization.msgpack_restore(path.read_bytes())
+        return float(stored["loss"]), stored["gradient"], True
+    exact_loss, exact = _compute_reference(spec, batches)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.partial")
+        partial.write_bytes(serialization.msgpack_serialize(
+            {"loss": exact_loss, "gradient": exact}))
+        partial.replace(path)
+    return exact_loss, exact, False
+
+
+def _compute_reference(spec, batches) -> tuple[float, dict]:
+    import jax
+    from flax import nnx
+
+    from arms.workload import exact_loss_and_gradient
+    from engine.model import build_decoder, make_mesh
+
+    # On one local device; where the arm ran on that same one-device mesh, its compiled
+    # initializer is reused (same weights, no second compile).
+    one_device = make_mesh("", devices=jax.local_devices()[:1])
+    reference = build_decoder(spec.model_config(), seed=spec.seed, mesh=one_device)
+    exact_loss, exact = exact_loss_and_gradient(reference, batches, spec.loss_fn())
+    return exact_loss, jax.device_get(nnx.to_pure_dict(exact))
 
 
 def exception_failure(err: Exception, run: CellRun) -> Failure:
@@ -343,14 +455,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="file the record JSON is written to")
     args = parser.parse_args(argv)
     run = CellRun(**json.loads(args.cell))
+    import os
+
+    spawned = os.environ.get(SPAWNED_AT)
+    phases = Phases(float(spawned) if spawned else None)
     from harness.environment import environment
 
     try:
         init_distributed(run)
-        record = run_cell(run)
+        record = run_cell(run, phases)
     except Exception as err:  # recorded, not raised: the grid goes on
         record = Record(status="failed", error=exception_failure(err, run))
     record.environment = section(Environment, environment())
+    phases.end("record")
+    record.phases = phases.seconds
     with open(args.out, "w") as out:
         json.dump(record.to_json(), out)
     return 0 if record.ok else 1

@@ -113,6 +113,10 @@ class Timing:
     """Executable calls one optimizer step dispatched (as counted by the arm)."""
     compiles: int | None = None
     """Backend compiles in the cell's process up to the end of the timed window."""
+    compile_cache_hits: int | None = None
+    """Of `compiles`, those loaded from the persistent compilation cache the cell's rounds
+    share (harness.runner): 0 means every compile, and so compile_s and build_s, was cold;
+    None in records written before the cache existed (cold)."""
 
 
 @_section
@@ -202,6 +206,9 @@ class Parity:
     exact_grad_l2: float
     rel_l2: float | None
     """||g - g_exact|| / ||g_exact||; None when not finite (a NaN or inf gradient)."""
+    reference_shared: bool = False
+    """The exact reference was read from the run's store, where an earlier cell of the same
+    spec (same weights, data and loss) had computed it (harness.worker._exact_reference)."""
 
 
 @_section
@@ -300,6 +307,12 @@ class Record:
     round: int = 0
     """Index of this process among the cell's interleaved rounds in its run."""
     ab: ABTag | None = None
+    phases: dict[str, float] | None = None
+    """Wall seconds of each phase of the cell's process, in order (harness.worker.Phases):
+    start (interpreter start-up, or the fork from a zygote), imports, backend, build,
+    compile, warmup, memory, timed, cost, trace, reference (the exact gradient), record;
+    on the first cell a zygote forked, `preload` first: the seconds the zygote spent
+    importing its arm's packages (harness.zygote). None in records that predate it."""
 
     @property
     def ok(self) -> bool:

@@ -13,6 +13,7 @@ import pandas as pd
 
 from reports.parity import judge
 from reports.record import Environment, Record, RecordError
+from reports.work import flops_per_model_flop
 
 ResultsError = RecordError
 """A results file that cannot be read; the message names the file, line and field."""
@@ -127,6 +128,9 @@ def _row(records: list[Record]) -> dict:
         "mfu": (cost.mfu_vs_bf16_peak * flops_per_s / cost.model_flops_per_s
                 if flops_per_s and cost.mfu_vs_bf16_peak else None),
         "compiled_flops_per_step": cost and cost.compiled_flops_per_step,
+        "flops_per_model_flop": flops_per_model_flop(
+            cost and cost.compiled_flops_per_step, cost and cost.model_flops_per_step,
+            env and env.device_count),
         "bytes_accessed_per_step": cost and cost.bytes_accessed_per_step,
         "cost_unavailable": _unavailable(cost.unavailable) if cost else None,
         "peak_bytes": memory and memory.peak_bytes_in_use,

@@ -16,6 +16,7 @@ from reports import stats
 from reports.parity import GRAD_TOLERANCE, ParityVerdict
 from reports.record import ExecutableMemory
 from reports.viewers import viewer_commands
+from reports.work import different_work
 
 SHAPE = ["preset", "seq", "batch", "ga", "mesh", "dtype"]
 NATIVE = "native"
@@ -144,13 +145,16 @@ def speedup(df: pd.DataFrame, row, other_arm: str) -> stats.Comparison | None:
 
 def speedup_text(df: pd.DataFrame, row, other_arm: str) -> tuple[str, str]:
     """("1.23x [1.05, 1.40]", the arm's verdict) against `other_arm`; ("1.00x", "") for the
-    arm itself, (MISSING, "") where the other arm has no cell of this shape."""
+    arm itself, (MISSING, "") where the other arm has no cell of this shape. Arms that do
+    not do the same work (`not_comparable`) get no verdict: their times compare programs,
+    not trainers."""
     if row["arm"] == other_arm:
         return "1.00x", ""
     c = speedup(df, row, other_arm)
     if c is None:
         return MISSING, ""
-    return f"{c.ratio:.2f}x [{c.low:.2f}, {c.high:.2f}]", ARM_VIEW[stats.verdict(c)]
+    text = f"{c.ratio:.2f}x [{c.low:.2f}, {c.high:.2f}]"
+    return text, "" if not_comparable(df, row, other_arm) else ARM_VIEW[stats.verdict(c)]
 
 
 def verdict_of(row) -> ParityVerdict | None:
@@ -165,15 +169,26 @@ def fails_parity(row) -> bool:
 
 def not_comparable(df: pd.DataFrame, row, other_arm: str) -> str:
     """Why the arm's time is not comparable with `other_arm`'s at this shape ('' if it is):
-    one of them fails gradient parity, so they do not do the same work."""
+    one of them fails gradient parity, or their compiled FLOPs per model FLOP differ by more
+    than reports.work.WORK_TOLERANCE; either way they do not do the same work."""
     if row["arm"] == other_arm:
         return ""
+    others = same_shape(ok(df), row, other_arm)
     mine = fails_parity(row)
-    theirs = any(fails_parity(o) for _, o in same_shape(ok(df), row, other_arm).iterrows())
-    if not (mine or theirs):
-        return ""
-    who = "both fail" if mine and theirs else "fails" if mine else f"{other_arm} fails"
-    return f"not comparable work ({who} parity)"
+    theirs = any(fails_parity(o) for _, o in others.iterrows())
+    if mine or theirs:
+        who = "both fail" if mine and theirs else "fails" if mine else f"{other_arm} fails"
+        return f"not comparable work ({who} parity)"
+    for _, other in others.iterrows():
+        differ = different_work(_ratio(row), _ratio(other))
+        if differ:
+            return f"{differ}; not comparable work"
+    return ""
+
+
+def _ratio(row) -> float | None:
+    value = row["flops_per_model_flop"]
+    return None if value is None or pd.isna(value) else float(value)
 
 
 def parity_cell(row) -> str:
@@ -215,9 +230,7 @@ def cost(df: pd.DataFrame) -> str:
     frame = by_shape(ok(df))
     for _, r in frame.iterrows():
         model, compiled = r["model_flops_per_step"], r["compiled_flops_per_step"]
-        ratio = (f"{compiled * r['device_count'] / model:.2f}"
-                 if model and compiled and not pd.isna(compiled) and r["device_count"]
-                 else MISSING)
+        ratio = _f(_ratio(r), ".2f")
         rows.append((shape_label(r), r["arm"], _gflop(model), _gflop(compiled), ratio,
                      _bytes(r["bytes_accessed_per_step"]),
                      _f(None if r["model_flops_per_s"] is None

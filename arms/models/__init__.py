@@ -1,1 +1,25 @@
 """Model adapters for arms (models other than our own decoder)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+from flax import nnx
+
+
+def compiled_module(make: Callable[[], nnx.Module]) -> nnx.Module:
+    """`make()`, its variables computed by one compiled program instead of eagerly.
+
+    Eagerly, every parameter's random draw is a dispatch and a compile of its own (Tunix's
+    Qwen3 at `tiny`: ~45 compiles; 3-5 s of a 2-core cell's start). The module's structure
+    comes from `nnx.eval_shape`, its values from `jax.jit` of the same construction,
+    compiled on CPU without LLVM optimization as `engine.model.build_decoder` is (it runs
+    once). Meant for models whose weights are overwritten right after (converted from our
+    decoder): only their other state (RNG keys and counts) keeps these values, and integer
+    RNG arithmetic gives the same bits compiled or eager.
+    """
+    graph = nnx.split(nnx.eval_shape(make))[0]
+    options = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else {}
+    init = jax.jit(lambda: nnx.split(make())[1]).lower().compile(compiler_options=options)
+    return nnx.merge(graph, init())

@@ -33,8 +33,9 @@ from flax import nnx
 from flax.linen import spmd as linen_spmd
 from jax.sharding import AxisType, Mesh
 
+from arms.models import compiled_module
 from arms.models.paths import get_path, set_path
-from engine.model import Decoder, DecoderConfig
+from engine.model import Decoder, DecoderConfig, build_decoder
 from engine.model.sharding import MESH_AXES, check_fits, named_shardings
 
 INSTALL_HINT = ("the maxtext arms need the `maxtext` package (Python 3.12; `make` installs "
@@ -43,8 +44,8 @@ INSTALL_HINT = ("the maxtext arms need the `maxtext` package (Python 3.12; `make
 MODEL_NAME = "qwen3-0.6b"
 """MaxText model file the Qwen3 knobs come from; every dimension is overridden."""
 
-REMAT_POLICIES = {"none": "none", "minimal": "minimal", "full": "full"}
-"""Our remat option -> MaxText's `remat_policy`."""
+REMAT_POLICIES = {"minimal": "minimal", "full": "full"}
+"""Our remat option -> MaxText's `remat_policy` ('none' has no equivalent: check_expressible)."""
 
 
 def require_maxtext(*, engine: bool = False):
@@ -77,18 +78,20 @@ def _run_root() -> str:
 def check_expressible(config: DecoderConfig) -> None:
     """Raises one ValueError if MaxText's Qwen3 cannot compute what `config` describes.
 
-    MaxText's scanned decoder wraps the scanned block in `jax.checkpoint` whatever
-    `remat_policy` says (`none` there means a policy of None: save nothing, i.e. full remat),
-    so "scanned, no remat" has no MaxText equivalent.
+    MaxText 0.2.5 wraps every decoder layer in `jax.checkpoint(policy=...)`, scanned or not
+    (`maxtext/layers/nnx_decoders.py`), and its `remat_policy` 'none' gives a policy of None:
+    save nothing, i.e. full rematerialization. So "no remat" has no MaxText equivalent: a
+    MaxText arm asked for it would recompute every layer's forward in the backward pass while
+    the arms on our decoder do not, and the comparison would not be of the same work.
     """
+    if config.remat == "none":
+        raise ValueError("MaxText's decoder always rematerializes (it wraps every layer in "
+                         "jax.checkpoint; remat_policy 'none' there is full remat), so "
+                         "remat=none cannot be expressed; use --remat full (the same work "
+                         "as MaxText's 'none') or --remat minimal for the maxtext arms")
     if config.remat not in REMAT_POLICIES:
         raise ValueError(f"remat={config.remat!r} has no MaxText remat_policy; valid: "
                          f"{', '.join(REMAT_POLICIES)}")
-    if config.scan_layers and config.remat == "none":
-        raise ValueError("MaxText's scanned decoder always rematerializes (remat_policy 'none' "
-                         "under scan_layers is full remat), so scan_layers with remat=none "
-                         "cannot be expressed; use --remat full (or minimal) or "
-                         "--no-scan-layers for the maxtext arms")
 
 
 def maxtext_config(config: DecoderConfig, *, mesh_shape: dict[str, int] | None = None,
@@ -289,7 +292,7 @@ def build_transformer(config: DecoderConfig, mesh: Mesh | None = None, *, seq: i
     create = functools.partial(model_creation_utils.from_config, mx_config, mesh=mx_mesh)
     check_shardable(nnx.eval_shape(lambda: create(rngs=nnx.Rngs(params=0, dropout=1))),
                     mx_mesh, mx_config)
-    transformer = create(rngs=nnx.Rngs(params=0, dropout=1))
+    transformer = compiled_module(lambda: create(rngs=nnx.Rngs(params=0, dropout=1)))
     return transformer, mx_config, mx_mesh
 
 
@@ -303,7 +306,7 @@ def to_maxtext(decoder: Decoder, mesh: Mesh | None = None, *, seq: int = 32) -> 
 
 def from_maxtext(model: MaxTextDecoder, config: DecoderConfig) -> Decoder:
     """Our Decoder (layout per `config`) holding `model`'s weights."""
-    decoder = Decoder(config, rngs=nnx.Rngs(0))
+    decoder = build_decoder(config)
     state = nnx.state(decoder, nnx.Param)
     nnx.replace_by_pure_dict(state, maxtext_to_decoder_params(
         nnx.to_pure_dict(nnx.state(model.transformer, nnx.Param)), config))
@@ -322,7 +325,7 @@ def bf16_head_decoder(decoder: Decoder) -> Decoder:
         raise ValueError("bf16_head_decoder needs a tied decoder")
     pure = nnx.to_pure_dict(nnx.state(decoder, nnx.Param))
     head = jnp.asarray(pure["embedding"]).astype(jnp.bfloat16).astype(jnp.float32).T
-    untied = Decoder(config.replace(tie_embeddings=False), rngs=nnx.Rngs(0))
+    untied = build_decoder(config.replace(tie_embeddings=False))
     state = nnx.state(untied, nnx.Param)
     nnx.replace_by_pure_dict(state, {**pure, "head": head})
     nnx.update(untied, state)

@@ -1,7 +1,9 @@
 """Tunix's Qwen3 (`tunix.models.qwen3.model.Qwen3`) on this project's mesh, and weight
 conversion both ways between it and our MaxText-style decoder.
 
-The conversion lives here, not in `engine/`, because the engine never imports tunix.
+The conversion lives here, not in `engine/`, because the engine never imports tunix. Tunix
+itself is imported when a model is built (`tunix_model`), so the harness can check what
+Tunix's Qwen3 can express (`check_expressible`) without importing it.
 """
 
 from __future__ import annotations
@@ -10,18 +12,40 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
-from tunix.models.qwen3 import model as tunix_qwen3
 
+from arms.models import compiled_module
 from arms.models.paths import get_path, set_path
-from engine.model import Decoder, DecoderConfig, attention_mask
+from engine.model import Decoder, DecoderConfig, attention_mask, build_decoder
 from engine.model.sharding import check_fits
 
 BATCH = ("data", "fsdp")
 
 
-def sharding_config() -> tunix_qwen3.ShardingConfig:
+REMAT_CONFIGS = {"none": "NONE", "full": "DECODER"}
+"""Our remat option -> Tunix's `RematConfig`. Our `full` recomputes each decoder layer from
+its input (jax.checkpoint, nothing saved); Tunix's DECODER wraps the whole layer in
+`nnx.remat` with JAX's default policy, which saves nothing: the same work. Our `minimal`
+(matmul outputs saved) has no Tunix equivalent."""
+
+
+def check_expressible(config: DecoderConfig) -> None:
+    """Raises one ValueError if Tunix's Qwen3 cannot compute what `config` describes."""
+    if config.remat not in REMAT_CONFIGS:
+        raise ValueError(f"remat={config.remat!r} has no equivalent in Tunix's Qwen3 (its "
+                         f"RematConfig remats a whole layer or nothing); use --remat "
+                         f"{' or '.join(REMAT_CONFIGS)} for the tunix arms")
+
+
+def tunix_model():
+    """`tunix.models.qwen3.model` (imported on first use)."""
+    from tunix.models.qwen3 import model
+
+    return model
+
+
+def sharding_config():
     """Tunix's default FSDP x TP layout, spelled with our mesh axes (`fsdp`, `tensor`)."""
-    return tunix_qwen3.ShardingConfig(
+    return tunix_model().ShardingConfig(
         emb_vd=("tensor", "fsdp"), emb_dv=("fsdp", "tensor"),
         q_weight_dnh=("fsdp", "tensor", None), kv_weight_dnh=("fsdp", "tensor", None),
         o_weight_nhd=("tensor", None, "fsdp"),
@@ -32,19 +56,22 @@ def sharding_config() -> tunix_qwen3.ShardingConfig:
         exp_weight_edf=("fsdp", None, "tensor"), exp_weight_efd=("fsdp", "tensor", None))
 
 
-def tunix_config(config: DecoderConfig) -> tunix_qwen3.ModelConfig:
-    """Tunix's ModelConfig for the same architecture as `config`."""
+def tunix_config(config: DecoderConfig):
+    """Tunix's ModelConfig for the same architecture as `config`, remat included."""
+    check_expressible(config)
     if config.rope_theta != 1_000_000:
         # Tunix's Attention calls apply_rope without its config's theta (always 1e6).
         raise ValueError(f"Tunix's Qwen3 applies RoPE with theta=1e6 whatever its config says; "
                          f"rope_theta={config.rope_theta} cannot be matched")
-    return tunix_qwen3.ModelConfig(
+    tunix = tunix_model()
+    return tunix.ModelConfig(
         num_layers=config.num_layers, vocab_size=config.vocab_size, embed_dim=config.embed_dim,
         hidden_dim=config.mlp_dim, num_heads=config.num_heads, head_dim=config.head_dim,
         num_kv_heads=config.num_kv_heads, rope_theta=int(config.rope_theta),
         norm_eps=config.norm_eps, use_tied_embedding=config.tie_embeddings,
         shd_config=sharding_config(), dtype=config.compute_dtype,
-        param_dtype=config.storage_dtype)
+        param_dtype=config.storage_dtype,
+        remat_config=tunix.RematConfig[REMAT_CONFIGS[config.remat]])
 
 
 class TunixDecoder(nnx.Module):
@@ -56,7 +83,7 @@ class TunixDecoder(nnx.Module):
 
     def __init__(self, config: DecoderConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.qwen3 = tunix_qwen3.Qwen3(tunix_config(config), rngs=rngs)
+        self.qwen3 = tunix_model().Qwen3(tunix_config(config), rngs=rngs)
 
     def __call__(self, tokens_BxL: jax.Array, positions_BxL: jax.Array,
                  segment_ids_BxL: jax.Array) -> jax.Array:
@@ -124,7 +151,7 @@ def _load(model: nnx.Module, pure: dict) -> None:
 
 def to_tunix(decoder: Decoder, *, mesh: Mesh | None = None) -> TunixDecoder:
     """A TunixDecoder holding exactly `decoder`'s weights (placed on `mesh` if given)."""
-    model = TunixDecoder(decoder.config, rngs=nnx.Rngs(0))
+    model = compiled_module(lambda: TunixDecoder(decoder.config, rngs=nnx.Rngs(0)))
     _load(model.qwen3, decoder_to_tunix_params(decoder))
     if mesh is not None:
         place(model, mesh)
@@ -133,7 +160,7 @@ def to_tunix(decoder: Decoder, *, mesh: Mesh | None = None) -> TunixDecoder:
 
 def from_tunix(model: TunixDecoder, config: DecoderConfig) -> Decoder:
     """Our Decoder (layout per `config`, e.g. scanned) holding `model`'s weights."""
-    decoder = Decoder(config, rngs=nnx.Rngs(0))
+    decoder = build_decoder(config)
     _load(decoder, tunix_to_decoder_params(
         nnx.to_pure_dict(nnx.state(model.qwen3, nnx.Param)), config))
     return decoder

@@ -33,6 +33,13 @@ class _Faulty(NativeArm):
             jnp.zeros((1 << 44,), jnp.float32).block_until_ready()  # 64 TiB
         if self.fault == "sigkill":  # killed from outside, as the OOM killer would
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.fault == "kill-zygote":  # the zygote that forked this worker dies
+            with open(f"/proc/{os.getppid()}/cmdline", "rb") as cmdline:
+                if b"harness.zygote" not in cmdline.read():
+                    raise RuntimeError("test-kill-zygote runs only in a worker forked by a "
+                                       "zygote (it kills its parent)")
+            os.kill(os.getppid(), signal.SIGKILL)
+            time.sleep(60)  # the kernel kills this worker with its parent (PDEATHSIG)
         return super().step(micro_batches)
 
 
@@ -40,7 +47,7 @@ def _make(fault):
     return type(f"Fault_{fault}", (_Faulty,), {"fault": fault, "trainer": f"test-{fault}"})
 
 
-for _fault in ("raise", "exit", "hang", "oom", "sigkill"):
+for _fault in ("raise", "exit", "hang", "oom", "sigkill", "kill-zygote"):
     register(f"test-{_fault}", _make(_fault))
 
 

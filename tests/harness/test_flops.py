@@ -20,7 +20,7 @@ hold batch (fsdp=8), so the step's rows are per_device_batch_size * 8."""
 def test_model_flops_equal_maxtexts_formula_over_all_devices(preset):
     from maxtext.utils.maxtext_utils import calculate_tflops_training_per_device
 
-    config, per_device_batch, seq = get_preset(preset), 2, 64
+    config, per_device_batch, seq = get_preset(preset, remat="full"), 2, 64
     mx = maxtext_config(config, mesh_shape={"fsdp": DEVICES}, seq=seq,
                         per_device_batch_size=per_device_batch)
     batch = per_device_batch * DEVICES

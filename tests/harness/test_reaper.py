@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness import reaper
+from harness.zygote import WORKER_NAME
 
 REPO = Path(__file__).resolve().parents[2]
 CELL = ["--arms", "test-hang", "--plugin", "tests.harness.fault_arms", "--preset", "tiny",
@@ -30,18 +31,27 @@ def _env(tmp: Path) -> dict:
     return env
 
 
-def _processes_mentioning(marker: str) -> list[int]:
-    """Live (non-zombie) processes whose command line or environment names `marker`."""
-    found = []
+def _processes_mentioning(marker: str) -> dict[int, str]:
+    """Live (non-zombie) processes whose command line or environment names `marker`: pid ->
+    name and command line, read in one pass. A process may exit while /proc is read; it is
+    skipped, as one that had already gone."""
+    found = {}
     for proc in Path("/proc").glob("[0-9]*"):
         try:
-            text = (proc / "cmdline").read_bytes() + (proc / "environ").read_bytes()
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
+            cmdline = (proc / "cmdline").read_bytes()
+            text = cmdline + (proc / "environ").read_bytes()
+            stat = (proc / "stat").read_text()
+        except OSError:  # FileNotFoundError or ProcessLookupError: it has just exited
             continue
+        name, state = stat.split("(", 1)[1].rsplit(")", 1)[0], stat.rsplit(")", 1)[1].split()[0]
         if marker.encode() in text and state != "Z" and int(proc.name) != os.getpid():
-            found.append(int(proc.name))
+            found[int(proc.name)] = f"{name} {cmdline.decode(errors='replace')}"
     return found
+
+
+def _is_worker(process: str) -> bool:
+    """A cell worker: `python -m harness.worker`, or a child a zygote forked and named."""
+    return "harness.worker" in process or process.startswith(WORKER_NAME.decode() + " ")
 
 
 def _default_sigint():
@@ -79,12 +89,12 @@ def test_a_killed_parent_leaves_no_worker_temp_dir_or_worktree(tmp_path, command
                             text=True, cwd=REPO, preexec_fn=_default_sigint)
     marker = str(tmp)  # the workers' TMPDIR, and so in their command line
     try:
-        _wait_for(lambda: any("harness.worker" in Path(f"/proc/{p}/cmdline").read_text(
-            errors="replace") for p in _processes_mentioning(marker)), 120, "a cell worker")
+        _wait_for(lambda: any(_is_worker(process) for process in
+                              _processes_mentioning(marker).values()), 120, "a cell worker")
         proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=CLEANUP_S)
         _wait_for(lambda: not _processes_mentioning(marker), CLEANUP_S,
-                  f"every process of the run to exit (left: {_processes_mentioning(marker)})")
+                  f"every process of the run to exit (left: {list(_processes_mentioning(marker))})")
         _wait_for(lambda: not list(tmp.iterdir()), CLEANUP_S,
                   f"the temp dirs to go (left: {list(tmp.iterdir())})")
         assert _worktrees() == before

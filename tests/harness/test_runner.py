@@ -66,9 +66,70 @@ def test_failing_cells_are_recorded_and_the_grid_completes(tmp_path):
     assert ok.memory.heap_reserved_bytes == 0  # glibc's defaults: no heap kept to reserve
 
 
+def test_rounds_load_their_programs_and_shapes_share_one_reference(tmp_path):
+    """Round 1 of a cell loads every program round 0 compiled (the cell's own persistent
+    cache) and gets the same executables: equal compiled cost and planned memory. The second
+    arm of a shape reads the exact reference the first computed. Each record says which."""
+    cells = expand({**TINY, "arms": ["native", "engine-fused"]})
+    _, records = run_grid(cells, tmp_path, env=_env(), timeout_s=300, rounds=2)
+    by = {(r.arm, r.round): r for r in records}
+    assert [(r.arm, r.round) for r in records] == [
+        ("native", 0), ("engine-fused", 0), ("engine-fused", 1), ("native", 1)]
+    for arm in ("native", "engine-fused"):
+        cold, warm = by[arm, 0], by[arm, 1]
+        assert cold.timing.compile_cache_hits == 0 < cold.timing.compiles
+        assert warm.timing.compile_cache_hits == warm.timing.compiles == cold.timing.compiles
+        untimed = {"model_flops_per_s": None, "mfu_vs_bf16_peak": None}  # from the median
+        assert dataclasses.replace(warm.cost, **untimed) == dataclasses.replace(cold.cost,
+                                                                                **untimed)
+        assert warm.memory.executables == cold.memory.executables
+        assert warm.timing.recompiles_after_warmup == 0
+        # Where the cell's time went, phase by phase, within its process's wall time.
+        assert {"start", "imports", "build", "compile", "warmup", "timed"} <= set(cold.phases)
+        # Each arm's zygote imported once, before its first cell (not in that cell's wall).
+        assert "preload" in cold.phases and "preload" not in warm.phases
+        assert sum(v for k, v in cold.phases.items() if k != "preload") <= cold.wall_s
+        assert "reference" in cold.phases and warm.parity is None
+    native, fused = by["native", 0].parity, by["engine-fused", 0].parity
+    assert not native.reference_shared and fused.reference_shared
+    assert (fused.exact_loss, fused.exact_grad_l2) == (native.exact_loss, native.exact_grad_l2)
+    assert fused.rel_l2 <= 1e-5 and native.rel_l2 <= 1e-5
+
+
+def test_a_forked_worker_measures_what_a_fresh_interpreter_does(tmp_path):
+    """The zygote only saves the imports: a cell forked from it compiles the same programs,
+    plans the same memory and computes the same gradient as one in a fresh interpreter."""
+    (cell,) = expand({**TINY, "arms": ["engine"]})
+    (forked,), (fresh,) = (run_grid([cell], tmp_path, env=_env(), timeout_s=300,
+                                    prefork=prefork)[1] for prefork in (True, False))
+    assert "preload" in forked.phases and "preload" not in fresh.phases
+    untimed = {"model_flops_per_s": None, "mfu_vs_bf16_peak": None}
+    assert dataclasses.replace(forked.cost, **untimed) == dataclasses.replace(fresh.cost,
+                                                                              **untimed)
+    assert forked.memory.executables == fresh.memory.executables
+    assert forked.parity == fresh.parity
+    assert (forked.timing.compiles, forked.timing.executions_per_step) == (
+        fresh.timing.compiles, fresh.timing.executions_per_step)
+    assert forked.environment == fresh.environment
+
+
+def test_a_zygote_that_dies_fails_its_cell_and_the_next_cell_gets_a_new_one(tmp_path):
+    import tests.harness.fault_arms  # noqa: F401 - registers the test arms for expand()
+
+    cells = expand({**TINY, "arms": ["test-kill-zygote", "native"], "parity": False})
+    cells = [dataclasses.replace(c, plugins=(PLUGIN,)) for c in cells]
+    _, records = run_grid(cells, tmp_path, env=_env(), timeout_s=120, rounds=2)
+    killed = [r for r in records if r.arm == "test-kill-zygote"]
+    # Both rounds were forked (the arm refuses to run otherwise): the second by a new zygote.
+    assert [r.error.reason for r in killed] == ["crash", "crash"]
+    for record in killed:
+        assert "the zygote forking test-kill-zygote's workers exited" in record.error.message
+    assert [r.ok for r in records if r.arm == "native"] == [True, True]
+
+
 def test_without_maxtext_only_the_maxtext_arms_fail_and_say_why(tmp_path):
     cells = expand({**TINY, "arms": ["native", "peft-maxtext", "maxtext-engine"],
-                    "parity": False})
+                    "parity": False, "remat": "full"})
     cells = [dataclasses.replace(c, plugins=("tests.harness.no_maxtext",)) for c in cells]
     _, records = run_grid(cells, tmp_path, env=_env(), timeout_s=300)
     by_arm = {r.arm: r for r in records}
@@ -112,8 +173,9 @@ def test_sigint_keeps_finished_cells_and_valid_jsonl(tmp_path):
     (["--mesh", "fsdp=4"], "mesh 'fsdp=4' needs 4 devices but this cpu host has 1; on CPU "
                            "pass --cpu-devices"),
     (["--mesh", "tensor=4", "--cpu-devices", "4"], "more tensor shards than kv heads"),
-    (["--arms", "native,peft-maxtext", "--scan-layers"],
-     "scan_layers with remat=none cannot be expressed"),
+    (["--arms", "native,peft-maxtext", "--scan-layers"], "remat=none cannot be expressed"),
+    (["--arms", "native,maxtext-engine"], "remat=none cannot be expressed; use --remat full"),
+    (["--arms", "peft-tunix", "--remat", "minimal"], "has no equivalent in Tunix's Qwen3"),
 ])
 def test_bad_input_is_one_clear_error_before_any_cell(tmp_path, args, message):
     base = ["--arms", "native", "--preset", "tiny", "--seq", "16", "--batch", "4"]

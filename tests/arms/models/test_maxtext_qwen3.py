@@ -35,7 +35,7 @@ def test_conversion_round_trips_bitwise_across_layouts(ours_scanned, theirs_scan
 
 
 def test_real_model_round_trips_through_from_maxtext():
-    config = get_preset("tiny-untied")
+    config = get_preset("tiny-untied", remat="full")
     decoder = Decoder(config, rngs=nnx.Rngs(3))
     back = mq.from_maxtext(mq.to_maxtext(decoder), config)
     for a, b in zip(jax.tree.leaves(nnx.state(back, nnx.Param)),
@@ -44,7 +44,7 @@ def test_real_model_round_trips_through_from_maxtext():
 
 
 def test_config_carries_every_dimension_and_the_qwen3_knobs(monkeypatch):
-    config = get_preset("small")
+    config = get_preset("small", remat="full")
     monkeypatch.delenv("XLA_FLAGS")  # MaxText sets its HLO-dump flags when this is empty
     mx = mq.maxtext_config(config, mesh_shape={"fsdp": 2}, seq=64)
     assert "XLA_FLAGS" not in os.environ  # the environment records compare by is untouched
@@ -54,18 +54,25 @@ def test_config_carries_every_dimension_and_the_qwen3_knobs(monkeypatch):
     assert mx.use_qk_norm and mx.rope_max_timescale == 1_000_000
     assert mx.normalization_layer_epsilon == 1e-6 and mx.logits_via_embedding
     assert mx.ici_fsdp_parallelism == 2 and mx.jax_cache_dir == ""
+    assert mx.remat_policy == "full"
 
 
-def test_scanned_without_remat_is_refused_before_anything_is_built():
+@pytest.mark.parametrize("scan", [False, True])
+def test_no_remat_is_refused_before_anything_is_built(scan):
+    """MaxText's decoder rematerializes every layer, scanned or not ('none' is full remat
+    there): a MaxText arm without remat would do other work than the arms on our decoder."""
     from arms.registry import make_arm
 
-    with pytest.raises(ValueError, match="scan_layers with remat=none cannot be expressed"):
-        make_arm("peft-maxtext", CellSpec(preset="tiny", scan_layers=True))
-    make_arm("peft-decoder", CellSpec(preset="tiny", scan_layers=True))  # only MaxText's limit
+    for arm in ("peft-maxtext", "maxtext-engine"):
+        with pytest.raises(ValueError, match=r"remat=none cannot be expressed; use --remat "
+                                             r"full \(the same work as MaxText's 'none'\)"):
+            make_arm(arm, CellSpec(preset="tiny", scan_layers=scan))
+    make_arm("peft-decoder", CellSpec(preset="tiny", scan_layers=scan))  # only MaxText's limit
+    make_arm("peft-maxtext", CellSpec(preset="tiny", scan_layers=scan, remat="full"))
 
 
 def test_a_mesh_maxtext_rules_cannot_shard_names_the_parameter(devices):
-    config = get_preset("tiny")
+    config = get_preset("tiny", remat="full")
     mx = mq.maxtext_config(config)
     _, _, creation = mq.require_maxtext()
     one = mq.maxtext_mesh(make_mesh(""), mx)
@@ -83,4 +90,4 @@ def test_missing_maxtext_is_one_import_error_naming_the_fix(monkeypatch):
     monkeypatch.delitem(sys.modules, "maxtext.configs", raising=False)
     monkeypatch.delitem(sys.modules, "maxtext.configs.pyconfig", raising=False)
     with pytest.raises(ImportError, match=r"the maxtext arms need the `maxtext` package"):
-        mq.to_maxtext(Decoder(get_preset("tiny"), rngs=nnx.Rngs(0)))
+        mq.to_maxtext(Decoder(get_preset("tiny", remat="full"), rngs=nnx.Rngs(0)))

@@ -61,3 +61,15 @@ def test_config_maps_every_dimension():
                                 c.num_heads, c.head_dim, c.num_kv_heads)
     with pytest.raises(ValueError, match="theta=1e6"):
         tunix_config(c.replace(rope_theta=10_000.0))
+
+
+def test_remat_full_is_tunix_decoder_remat_and_minimal_is_refused():
+    """Our `full` recomputes every layer from its input; Tunix's DECODER remat does the same
+    (nnx.remat of the whole layer, nothing saved). Without it, a Tunix arm would keep its
+    activations while the others recompute them: other work (compiled/model FLOPs 1.04
+    against 1.25 on `small-untied`)."""
+    assert tunix_config(get_preset("tiny", remat="full")).remat_config == (
+        tunix_qwen3.RematConfig.DECODER)
+    assert tunix_config(get_preset("tiny")).remat_config == tunix_qwen3.RematConfig.NONE
+    with pytest.raises(ValueError, match="remat='minimal' has no equivalent in Tunix's Qwen3"):
+        tunix_config(get_preset("tiny", remat="minimal"))
