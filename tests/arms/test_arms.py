@@ -96,3 +96,27 @@ def test_engine_on_tunix_qwen3_shards_its_params_and_matches_exact(devices):
     arm.step(arm.place(spec.micro_batches()))
     _, ref_grad = _reference(spec)
     assert rel_l2(arm.captured_gradient(), ref_grad) <= 1e-4
+
+
+def test_peft_steps_run_the_executable_it_analyses_on_the_batch_sharding_of_every_arm(devices):
+    """PeftTrainer's step is compiled once, in build (the program memory and cost analysis
+    read), and fed the batch laid out as every arm's: rows over data and fsdp together (a
+    Tunix `data_sharding_axis` of ("data", "fsdp") would put the sequence over fsdp)."""
+    from tunix.sft import sharding_utils
+
+    from arms.peft import DATA_AXES
+    from engine.model import batch_sharding
+    from harness.worker import CompileCounter
+
+    spec = CellSpec(preset="tiny", seq=16, batch=16, ga=2, mesh="fsdp=8")
+    arm = make_arm("peft-decoder", spec)
+    compiles = CompileCounter()
+    arm.build()
+    built = compiles.count
+    placed = arm.place(spec.micro_batches())
+    with arm._context():
+        inputs = sharding_utils.shard_input(placed[0]._asdict(), DATA_AXES)
+    assert inputs["tokens"].sharding.is_equivalent_to(batch_sharding(arm.mesh), 2)
+    jax.block_until_ready(arm.step(placed))
+    assert compiles.count == built  # the steps ran what build compiled
+    arm.close()
