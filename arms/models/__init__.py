@@ -8,7 +8,8 @@ import jax
 from flax import nnx
 
 
-def compiled_module(make: Callable[[], nnx.Module]) -> nnx.Module:
+def compiled_module(make: Callable[[], nnx.Module], abstract: nnx.Module | None = None
+                    ) -> nnx.Module:
     """`make()`, its variables computed by one compiled program instead of eagerly.
 
     Eagerly, every parameter's random draw is a dispatch and a compile of its own (Tunix's
@@ -17,9 +18,10 @@ def compiled_module(make: Callable[[], nnx.Module]) -> nnx.Module:
     compiled on CPU without LLVM optimization as `engine.model.build_decoder` is (it runs
     once). Meant for models whose weights are overwritten right after (converted from our
     decoder): only their other state (RNG keys and counts) keeps these values, and integer
-    RNG arithmetic gives the same bits compiled or eager.
+    RNG arithmetic gives the same bits compiled or eager. `abstract`: `nnx.eval_shape(make)`
+    where the caller has it already.
     """
-    graph = nnx.split(nnx.eval_shape(make))[0]
+    graph = nnx.split(abstract if abstract is not None else nnx.eval_shape(make))[0]
     options = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else {}
     init = jax.jit(lambda: nnx.split(make())[1]).lower().compile(compiler_options=options)
     return nnx.merge(graph, init())

@@ -289,10 +289,13 @@ def build_transformer(config: DecoderConfig, mesh: Mesh | None = None, *, seq: i
     check_fits(config, mesh)
     mx_config = mx_config or maxtext_config(config, mesh_shape=dict(mesh.shape), seq=seq)
     mx_mesh = maxtext_mesh(mesh, mx_config)
-    create = functools.partial(model_creation_utils.from_config, mx_config, mesh=mx_mesh)
-    check_shardable(nnx.eval_shape(lambda: create(rngs=nnx.Rngs(params=0, dropout=1))),
-                    mx_mesh, mx_config)
-    transformer = compiled_module(lambda: create(rngs=nnx.Rngs(params=0, dropout=1)))
+    def create():
+        return model_creation_utils.from_config(mx_config, mesh=mx_mesh,
+                                                rngs=nnx.Rngs(params=0, dropout=1))
+
+    abstract = nnx.eval_shape(create)
+    check_shardable(abstract, mx_mesh, mx_config)
+    transformer = compiled_module(create, abstract)
     return transformer, mx_config, mx_mesh
 
 

@@ -29,7 +29,10 @@ def exact_loss_and_gradient(model: nnx.Module, micro_batches: Sequence[MicroBatc
         denominator = sum(o.denominator for o in outputs)
         return total / denominator
 
-    value, grads = jax.jit(jax.value_and_grad(objective))(params)
+    # Compiled without LLVM's optimizations on CPU: the program runs once, and the HLO (what
+    # is computed, in what order) is the optimized one; only machine code differs.
+    options = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
+    value, grads = jax.jit(jax.value_and_grad(objective), compiler_options=options)(params)
     return float(value), grads
 
 
