@@ -386,7 +386,8 @@ def _parity(spec, captured, first_loss: float) -> Parity:
         denominator=sum(denominators(batches)), loss=first_loss, exact_loss=exact_loss,
         loss_rel_error=abs(first_loss - exact_loss) / abs(exact_loss) if exact_loss else None,
         grad_l2=global_norm(captured), exact_grad_l2=global_norm(exact),
-        rel_l2=rel_l2(captured, exact), reference_shared=shared)
+        rel_l2=rel_l2(captured, exact), tied_head=spec.model_config().tie_embeddings,
+        reference_shared=shared)
 
 
 REFERENCE_DIR = "PARITY_REFERENCE_DIR"

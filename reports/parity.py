@@ -111,12 +111,13 @@ def known_causes(arm: str, spec: Spec | None, parity: Parity) -> tuple[str, ...]
     """Why this arm's gradient is known not to be sum/sum on this work, from the record alone:
     - a PeftTrainer arm at GA > 1 whose micro-batches have unequal denominators (ragged loss
       tokens) averages micro-batch means (optax.MultiSteps);
-    - an arm on MaxText's Qwen3 reads a tied output head in bfloat16."""
+    - an arm on MaxText's Qwen3 reads a tied output head in bfloat16 (where the record says
+      the head is tied, or does not say)."""
     causes = []
     ga = spec.ga if spec is not None else len(parity.denominators)
     if _is_peft(arm) and ga > 1 and len(set(parity.denominators)) > 1:
         causes.append(MEAN_OF_MEANS)
-    if arm in _MAXTEXT_MODEL_ARMS or arm.endswith(":maxtext"):
+    if (arm in _MAXTEXT_MODEL_ARMS or arm.endswith(":maxtext")) and parity.tied_head is not False:
         causes.append(BF16_TIED_HEAD)
     return tuple(causes)
 

@@ -206,6 +206,10 @@ class Parity:
     exact_grad_l2: float
     rel_l2: float | None
     """||g - g_exact|| / ||g_exact||; None when not finite (a NaN or inf gradient)."""
+    tied_head: bool | None = None
+    """The cell's model ties its output head to the embedding (a tied preset); None in
+    records that predate the field (a MaxText arm's FAIL then names the tied head as a
+    possible cause)."""
     reference_shared: bool = False
     """The exact reference was read from the run's store, where an earlier cell of the same
     spec (same weights, data and loss) had computed it (harness.worker._exact_reference)."""

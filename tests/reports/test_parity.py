@@ -15,12 +15,13 @@ from reports.parity import (
 from tests.reports.helpers import fixture_records
 
 
-def _cell(arm, ga, denominators, rel_l2):
+def _cell(arm, ga, denominators, rel_l2, tied_head=None):
     """A fixture record recast as `arm` at `ga` with these micro-batch denominators."""
     record = fixture_records(("engine",))[0]
     spec = dataclasses.replace(record.spec, ga=ga)
     parity = dataclasses.replace(record.parity, denominators=list(denominators),
-                                 denominator=float(sum(denominators)), rel_l2=rel_l2)
+                                 denominator=float(sum(denominators)), rel_l2=rel_l2,
+                                 tied_head=tied_head)
     return dataclasses.replace(record, arm=arm, spec=spec, parity=parity)
 
 
@@ -54,6 +55,14 @@ def test_a_non_finite_gradient_fails(rel_l2):
     verdict = parity_verdict(_cell("engine", 1, [64], rel_l2))
     assert verdict.status == FAIL and verdict.rel_l2 is None
     assert "rel_l2 not finite > 1e-05" in verdict.text()
+
+
+def test_an_untied_maxtext_fail_is_not_blamed_on_the_tied_head():
+    untied = parity_verdict(_cell("peft-maxtext", 4, [96, 32, 80, 16], 0.83, tied_head=False))
+    assert untied.causes == (MEAN_OF_MEANS,)
+    assert parity_verdict(_cell("maxtext-engine", 1, [64], 0.83, tied_head=False)).causes == ()
+    tied = parity_verdict(_cell("maxtext-engine", 1, [64], 0.83, tied_head=True))
+    assert tied.causes == (BF16_TIED_HEAD,)
 
 
 @pytest.mark.parametrize(("arm", "ga", "denominators", "causes"), [
