@@ -13,7 +13,7 @@ import pytest
 
 from harness import results
 from harness.environment import host_malloc
-from harness.grid import expand
+from harness.grid import expand, load_suite, suite_names
 from harness.measure import RESERVE_PER_EXECUTION
 from harness.runner import HOST_MALLOC, cpu_env, run_grid
 from reports.record import Failure, Record
@@ -317,3 +317,13 @@ def test_a_collective_that_lost_its_peer_is_peer_died_only_in_a_multi_process_ce
     aborted = Exit(code=-signal.SIGABRT, wrote_record=False,
                    stderr="Task /job:jax_worker/task:1 stopped sending heartbeats")
     assert classify(aborted, 60).error.reason == "peer-died"
+
+
+@pytest.mark.parametrize("name", suite_names())
+def test_every_shipped_suite_passes_the_checks_made_before_any_cell(name):
+    """A suite an arm cannot express (a remat policy Tunix's or MaxText's Qwen3 lacks, a
+    shape its mesh cannot divide) would be refused whole on the machine it is meant for."""
+    suite = load_suite(name)
+    cells = expand(suite, mesh_sizes={"device_count": 8, "backend": "tpu"})
+    assert {c.arm for c in cells} == set(suite["arms"])
+    assert len({c.spec["remat"] for c in cells}) == 1  # one remat policy for every arm
