@@ -27,13 +27,13 @@ $(STAMP): pyproject.toml requirements.lock
 		$$(grep '^libtpu==' requirements.lock)
 	@touch $(STAMP)
 
-# The default CPU parity suite (every arm, 2 shapes x GA 1/4), then the report. The
-# report is written even when a cell failed (it lists failed cells); the exit status is
-# the run's.
+# The selftest (run while the arms' packages import; no cell starts unless it passes), the
+# default CPU parity suite (every arm, GA 1/4), then the report. The report is written
+# even when a cell failed (it lists failed cells); the exit status is the run's.
 parity: $(STAMP)
-	$(BIN)/parity selftest
 	rm -rf parity-out
-	$(BIN)/parity run --suite cpu-default --out parity-out/results; status=$$?; \
+	$(BIN)/parity run --selftest --suite cpu-default --out parity-out/results; status=$$?; \
+	ls parity-out/results/*.jsonl >/dev/null 2>&1 || exit $$status; \
 	$(BIN)/parity report parity-out/results -o parity-out/parity.md && exit $$status
 
 test: $(STAMP)

@@ -94,6 +94,9 @@ class Run(Command):
         parser.add_argument("--strict-parity", action="store_true",
                             help="exit 1 when a cell fails gradient parity too (default: only "
                                  "when a cell fails to run)")
+        parser.add_argument("--selftest", action="store_true",
+                            help="run `parity selftest` first, while the arms' packages "
+                                 "import; no cell starts unless it passes (exit 1)")
 
     @classmethod
     def run(cls, args):
@@ -102,7 +105,8 @@ class Run(Command):
 
         distributed = _distributed(args)
         grid = Grid(args, args.out, processes=args.num_processes or 1, run_id=args.run_id)
-        path, records = grid.run(distributed=distributed)
+        alongside = _selftest if args.selftest and not args.process_id else None
+        path, records = grid.run(distributed=distributed, alongside=alongside)
         parity_failed = [r for r in records if console.parity_failed(r)]
         code = 0 if all(r.ok for r in records) and not (
             args.strict_parity and parity_failed) else 1
@@ -118,6 +122,20 @@ class Run(Command):
                                                 "; --strict-parity makes that exit 1"))
         print(f"\nrecords: {path}")
         return code
+
+
+class SelftestError(Exception):
+    """`parity run --selftest`: the selftest failed (it printed why); no cell ran."""
+
+
+def _selftest() -> None:
+    """`parity selftest` in a process of its own (its lines go to this one's stdout and
+    stderr); raises SelftestError unless it passed."""
+    import subprocess
+
+    code = subprocess.run([sys.executable, "-m", "harness.cli", "selftest"]).returncode
+    if code != 0:
+        raise SelftestError(code)
 
 
 def _distributed(args: argparse.Namespace) -> dict | None:
@@ -418,6 +436,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Stopped as stop:  # the line saying what is kept is already printed
         return stop.code
+    except SelftestError:  # what failed is printed above
+        print("parity: error: the selftest failed (above); no cell was run, nothing "
+              "written", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # before any cell ran: nothing to keep
         print("\nparity: interrupted (SIGINT)", file=sys.stderr)
         return 130

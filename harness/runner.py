@@ -289,7 +289,8 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
              cwd: Path | None = None, ab: ABTag | None = None,
              environment: dict | None = None, distributed: dict | None = None,
              first_round: int = 0, store: Path | None = None,
-             prefork: bool = True) -> tuple[Path, list[Record]]:
+             prefork: bool = True,
+             alongside: Callable[[], None] | None = None) -> tuple[Path, list[Record]]:
     """Runs every cell `rounds` times (interleaved, see `schedule`), appending each record to
     `out_dir/<run_id>.jsonl` as it finishes; returns the records in run order.
 
@@ -301,6 +302,9 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
     them (`cell_store`); None: a temp dir for the duration of this call. With `prefork`,
     each arm's workers are forked from a zygote that imported its packages once
     (harness.zygote); without, each is a fresh interpreter (an A/B ref's own worker).
+    `alongside` runs once the zygotes have started importing, and the first cell only after
+    it returned: work that may share the machine with imports, never with a cell (`parity
+    run --selftest`); what it raises ends the run before any cell.
     """
     run_id = run_id or new_run_id()
     path = results_path(out_dir, run_id, suite)
@@ -309,7 +313,7 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
     order = schedule(cells, rounds)
     with results.exclusive(path) if writer else contextlib.nullcontext(), \
             _store(store) as store, \
-            _Zygotes(store, env, cwd, cells if prefork else None) as zygotes:
+            _Zygotes(store, env, cwd, cells if prefork else None, alongside) as zygotes:
         for k, (round_index, index, cell) in enumerate(order):
             raise_if_signalled()
             if distributed:
@@ -359,16 +363,19 @@ class _Zygotes:
     does, and the first cell runs once every one has imported (no import competes with a
     timed window; 2 cores import two at a time); they end with the grid. A zygote whose
     imports failed stays, not ready, so its arm's cells run the plain way (and record the
-    failure); one that died is started again at its arm's next cell."""
+    failure); one that died is started again at its arm's next cell. `alongside` runs while
+    they import."""
 
     def __init__(self, store: Path, env: dict[str, str], cwd: Path | None,
-                 cells: Sequence[CellRun] | None):
+                 cells: Sequence[CellRun] | None, alongside: Callable[[], None] | None = None):
         self.store, self.env, self.cwd = store, env, cwd
         self.live: dict[tuple, Zygote] = {}
         try:
             for cell in cells or ():
                 if _key(cell) not in self.live:
                     self.live[_key(cell)] = self._new(cell)
+            if alongside is not None:
+                alongside()
             for zygote in self.live.values():
                 zygote.start()
         except BaseException:  # a stop while they import: none is left behind
@@ -414,15 +421,17 @@ def _store(store: Path | None):
 
 def cell_store(store: Path, cell: CellRun) -> dict[str, str]:
     """The variables that point a cell at what it shares with other cells of the run:
-    - a persistent compilation cache of its own, shared only by its rounds (the same arm on
-      the same spec compiles the same programs), so round 0 compiles cold and later rounds
-      load; the record counts the hits (Timing.compile_cache_hits);
+    - the persistent compilation cache of its arm, shared by every cell of that arm (its
+      rounds, and its other shapes), so a program the arm compiled earlier in the run loads
+      instead of compiling again: every program of a later round, and of another shape what
+      does not depend on the shape (the model's initializer; the update, which does not
+      depend on GA). A cache is per arm, so no arm loads what another compiled; the record
+      counts the hits (Timing.compile_cache_hits);
     - the exact reference gradients, one per spec (every arm of a shape is given the same
       work), computed by the first cell of the shape that checks parity and read by the
       others (Parity.reference_shared).
     """
-    name = _path_safe(f"{cell.arm}-{_config_hash(cell)}")
-    return {COMPILE_CACHE: str(store / "compile" / name),
+    return {COMPILE_CACHE: str(store / "compile" / _path_safe(cell.arm)),
             REFERENCE_DIR: str(store / "reference")}
 
 

@@ -21,7 +21,7 @@ from arms.workload import (
     make_micro_batches,
     max_rel_error,
 )
-from engine.model import build_decoder, get_preset, param_count
+from engine.model import build_decoder, get_preset, param_count, run_once_options
 
 PARITY_TOLERANCE = 1e-5
 """Max relative logits error (max |a - b| / max |b|) allowed between two models holding the
@@ -45,18 +45,12 @@ def perturb(model: nnx.Module, seed: int, scale: float = 0.3) -> nnx.Module:
     return model
 
 
-UNOPTIMIZED = {"xla_backend_optimization_level": 0}
-"""Compiler options for programs that run a couple of times (CPU): LLVM's optimizations
-cost more than they save there, and leave the HLO (what is computed) unchanged."""
-
-
 def compiled_forward(model: nnx.Module):
     """batch -> logits of `model` (arms.workload.forward), one program compiled for it: run
     op by op, every operation of every model would be its own dispatch and compile."""
     graph, state = nnx.split(model)
-    options = UNOPTIMIZED if jax.default_backend() == "cpu" else None
     run = jax.jit(lambda state, batch: forward(nnx.merge(graph, state), batch),
-                  compiler_options=options)
+                  compiler_options=run_once_options())
     return lambda batch: run(state, batch)
 
 

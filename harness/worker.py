@@ -143,8 +143,8 @@ def host_gather(tree):
 
 COMPILE_CACHE = "PARITY_COMPILE_CACHE"
 """Environment variable: the directory of the JAX persistent compilation cache this cell
-shares with the other rounds of the same cell (harness.runner gives each cell one); unset:
-no cache, every compile is cold."""
+shares with the other cells of its arm (harness.runner.cell_store gives each arm one);
+unset: no cache, every compile is cold."""
 
 
 def use_compile_cache() -> str | None:

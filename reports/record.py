@@ -114,9 +114,10 @@ class Timing:
     compiles: int | None = None
     """Backend compiles in the cell's process up to the end of the timed window."""
     compile_cache_hits: int | None = None
-    """Of `compiles`, those loaded from the persistent compilation cache the cell's rounds
-    share (harness.runner): 0 means every compile, and so compile_s and build_s, was cold;
-    None in records written before the cache existed (cold)."""
+    """Of `compiles`, those loaded from the persistent compilation cache the cells of the
+    cell's arm share (harness.runner.cell_store: later rounds load every program, another
+    shape what does not depend on the shape): 0 means every compile, and so compile_s and
+    build_s, was cold; None in records written before the cache existed (cold)."""
 
 
 @_section

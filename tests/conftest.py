@@ -18,7 +18,7 @@ import pytest
 
 # Tests compile the same tiny programs many times (every engine test builds a fresh engine);
 # XLA's persistent cache serves the repeats. The harness's cells never see this one: each
-# cell of a run gets a cache of its own, shared only by its rounds (harness.runner.cell_store).
+# arm of a run gets a cache of its own, shared only by that arm's cells (harness.runner.cell_store).
 jax.config.update("jax_compilation_cache_dir",
                   str(pathlib.Path(__file__).parent.parent / ".pytest_cache" / "jax"))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)

@@ -7,6 +7,8 @@ from collections.abc import Callable
 import jax
 from flax import nnx
 
+from engine.model import run_once_options
+
 
 def compiled_module(make: Callable[[], nnx.Module], abstract: nnx.Module | None = None
                     ) -> nnx.Module:
@@ -22,6 +24,6 @@ def compiled_module(make: Callable[[], nnx.Module], abstract: nnx.Module | None 
     where the caller has it already.
     """
     graph = nnx.split(abstract if abstract is not None else nnx.eval_shape(make))[0]
-    options = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else {}
-    init = jax.jit(lambda: nnx.split(make())[1]).lower().compile(compiler_options=options)
+    init = jax.jit(lambda: nnx.split(make())[1]).lower().compile(
+        compiler_options=run_once_options())
     return nnx.merge(graph, init())

@@ -10,6 +10,7 @@ from flax import nnx
 
 from arms.workload.batches import MicroBatch
 from arms.workload.losses import LossFn
+from engine.model import run_once_options
 
 
 def exact_loss_and_gradient(model: nnx.Module, micro_batches: Sequence[MicroBatch],
@@ -29,10 +30,9 @@ def exact_loss_and_gradient(model: nnx.Module, micro_batches: Sequence[MicroBatc
         denominator = sum(o.denominator for o in outputs)
         return total / denominator
 
-    # Compiled without LLVM's optimizations on CPU: the program runs once, and the HLO (what
-    # is computed, in what order) is the optimized one; only machine code differs.
-    options = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
-    value, grads = jax.jit(jax.value_and_grad(objective), compiler_options=options)(params)
+    # It runs once: engine.model.run_once_options (on CPU, no LLVM optimization).
+    value, grads = jax.jit(jax.value_and_grad(objective),
+                           compiler_options=run_once_options())(params)
     return float(value), grads
 
 

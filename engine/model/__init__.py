@@ -1,7 +1,13 @@
 """MaxText-style Qwen3 decoder: config and presets, modules, logical-axis sharding."""
 
 from engine.model.config import PRESETS, DecoderConfig, get_preset
-from engine.model.decoder import Decoder, attention_mask, build_decoder, param_count
+from engine.model.decoder import (
+    Decoder,
+    attention_mask,
+    build_decoder,
+    param_count,
+    run_once_options,
+)
 from engine.model.sharding import (
     LOGICAL_AXIS_RULES,
     MESH_AXES,
@@ -19,6 +25,6 @@ from engine.model.sharding import (
 __all__ = [
     "LOGICAL_AXIS_RULES", "MESH_AXES", "PRESETS", "Decoder", "DecoderConfig", "attention_mask",
     "batch_sharding", "build_decoder", "check_fits", "constrain", "get_preset", "make_mesh",
-    "named_shardings", "optimizer_shardings", "param_count", "parse_mesh_spec", "shard_model",
-    "sharding_context",
+    "named_shardings", "optimizer_shardings", "param_count", "parse_mesh_spec",
+    "run_once_options", "shard_model", "sharding_context",
 ]

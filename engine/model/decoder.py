@@ -242,11 +242,12 @@ def _initializer(config: DecoderConfig, seed: int, mesh: Mesh | None,
     """(graph, compiled init) of one decoder, kept so a second model with the same weights
     and layout (e.g. the parity reference beside an arm) costs no second compile.
 
-    Eagerly, every parameter's random draw would be its own dispatch and compile. On CPU
-    the program is compiled without LLVM optimization: it runs once, and its threefry draws
-    otherwise cost more to optimize than to run. Its values can differ from an optimized
-    build's in the last float32 bit; every model here (each arm's and the parity
-    reference's) is initialized by this function, so they all start from the same bits.
+    Eagerly, every parameter's random draw would be its own dispatch and compile. It is
+    compiled with run_once_options (on CPU, no LLVM optimization: it runs once, and its
+    threefry draws otherwise cost more to optimize than to run). Its values can differ
+    from an optimized build's in the last float32 bit; every model here (each arm's and the
+    parity reference's) is initialized by this function, so they all start from the same
+    bits.
     """
     abstract = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(seed)))
     graph, abstract_state = nnx.split(abstract)
@@ -256,9 +257,18 @@ def _initializer(config: DecoderConfig, seed: int, mesh: Mesh | None,
         return nnx.split(Decoder(config, rngs=nnx.Rngs(seed)))[1]
 
     platform = jax.default_backend() if mesh is None else mesh.devices.flat[0].platform
-    options = {"xla_backend_optimization_level": 0} if platform == "cpu" else {}
     lowered = jax.jit(init, out_shardings=shardings).lower()
-    return graph, lowered.compile(compiler_options=options)
+    return graph, lowered.compile(compiler_options=run_once_options(platform))
+
+
+def run_once_options(platform: str | None = None) -> dict:
+    """Compiler options for a program that runs once or twice (an initializer, the exact
+    parity reference, a selftest forward) on `platform` (default: JAX's default backend).
+    On CPU, no LLVM optimization: for one run it costs more than it saves, and the HLO (what
+    is computed, in what order) is still the optimized one; only the machine code differs.
+    Elsewhere none."""
+    platform = platform or jax.default_backend()
+    return {"xla_backend_optimization_level": 0} if platform == "cpu" else {}
 
 
 def param_count(config: DecoderConfig) -> int:

@@ -10,8 +10,6 @@ from engine.model import build_decoder
 from reports.parity import GRAD_TOLERANCE
 
 ARMS = ["engine", "engine-fused", "native", "peft-decoder", "peft-tunix"]
-TOLERANCE = {"engine": GRAD_TOLERANCE, "engine-fused": GRAD_TOLERANCE, "native": GRAD_TOLERANCE,
-             "peft-decoder": GRAD_TOLERANCE, "peft-tunix": 1e-4}
 
 
 def _reference(spec):
@@ -39,7 +37,7 @@ def test_ga1_every_arm_matches_the_exact_loss_and_gradient(devices, mesh):
         (loss, grad, executions), digest = _run(name, spec)
         prints.add(digest)
         assert abs(loss - ref_loss) <= 1e-5 * abs(ref_loss), name
-        assert rel_l2(grad, ref_grad) <= TOLERANCE[name], name
+        assert rel_l2(grad, ref_grad) <= GRAD_TOLERANCE, name  # measured 2.9e-7 to 1.0e-6
         assert executions == (2 if name == "engine" else 1), name
     assert len(prints) == 1  # every arm saw the same batches
 
@@ -95,7 +93,7 @@ def test_engine_on_tunix_qwen3_shards_its_params_and_matches_exact(devices):
     assert sum(not x.sharding.is_fully_replicated for x in leaves) >= 10
     arm.step(arm.place(spec.micro_batches()))
     _, ref_grad = _reference(spec)
-    assert rel_l2(arm.captured_gradient(), ref_grad) <= 1e-4
+    assert rel_l2(arm.captured_gradient(), ref_grad) <= GRAD_TOLERANCE  # measured 9.8e-7
 
 
 def test_peft_steps_run_the_executable_it_analyses_on_the_batch_sharding_of_every_arm(devices):

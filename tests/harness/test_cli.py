@@ -5,9 +5,15 @@ import time
 from harness.cli import main
 
 
-def test_selftest_prints_counts_loss_and_three_model_parity(capsys):
-    assert main(["selftest"]) == 0
-    out = capsys.readouterr().out
+def test_selftest_prints_counts_loss_and_three_model_parity_before_the_first_cell(tmp_path):
+    """`parity run --selftest` (what `make parity` runs): the selftest's lines, then the
+    cells; it runs while the arms' packages import, and no cell starts before it passed."""
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--selftest", "--arms",
+                           "native", "--preset", "tiny", "--seq", "16", "--batch", "4",
+                           "--steps", "2", "--warmup", "1", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
     assert "preset tiny: 90,496 parameters" in out
     assert "preset qwen3-0.6b: 596,049,920 parameters" in out
     assert "ragged micro-batches [64, 16, 40, 8]" in out
@@ -17,6 +23,8 @@ def test_selftest_prints_counts_loss_and_three_model_parity(capsys):
     assert out.count("MaxText vs decoder with bf16-rounded head") == 4
     assert out.count("casts the embedding to bfloat16") == 8
     assert "FAIL" not in out
+    assert out.index("selftest passed in") < out.index("[1/1] start native tiny")
+    assert len(list(tmp_path.glob("*.jsonl"))) == 1
 
 
 def test_unknown_preset_is_one_clear_line_and_exit_2():

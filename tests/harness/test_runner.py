@@ -96,6 +96,49 @@ def test_rounds_load_their_programs_and_shapes_share_one_reference(tmp_path):
     assert fused.rel_l2 <= 1e-5 and native.rel_l2 <= 1e-5
 
 
+def test_an_arms_second_shape_loads_only_what_does_not_depend_on_the_shape(tmp_path):
+    """The cells of one arm share its cache: at GA 2 the engine loads the model's initializer
+    and its update (neither depends on GA) and compiles its fwd/bwd cold. What it loaded is
+    the executable it would have compiled: the same update cost as the GA 1 cell's."""
+    cells = expand({**TINY, "arms": ["engine"], "ga": [1, 2]})
+    _, (ga1, ga2) = run_grid(cells, tmp_path, env=_env(), timeout_s=300)
+    assert ga1.timing.compile_cache_hits == 0 < ga1.timing.compiles
+    assert 0 < ga2.timing.compile_cache_hits < ga2.timing.compiles
+    update = ga1.cost.bytes_accessed_per_executable["update"]
+    assert ga2.cost.bytes_accessed_per_executable["update"] == update
+    assert ga2.memory.executables["update"] == ga1.memory.executables["update"]
+
+
+def _zygotes_of_this_process() -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):  # not a pid, or it exited meanwhile
+            continue
+        if parent == os.getpid() and b"harness.zygote" in command:
+            found.append(int(entry.name))
+    return found
+
+
+def test_work_alongside_runs_while_the_zygotes_import_and_its_failure_ends_the_run(tmp_path):
+    """`alongside` (the selftest of `parity run --selftest`) runs once every arm's zygote has
+    started, before any cell; what it raises ends the run: no record, no zygote left."""
+    cells = expand({**TINY, "arms": ["native", "engine"]})
+    seen = []
+
+    def alongside():
+        seen.append(len(_zygotes_of_this_process()))
+        raise RuntimeError("the selftest failed")
+
+    with pytest.raises(RuntimeError, match="the selftest failed"):
+        run_grid(cells, tmp_path, env=_env(), timeout_s=300, alongside=alongside)
+    assert seen == [2]
+    assert list(tmp_path.glob("*.jsonl")) == []
+    assert _zygotes_of_this_process() == []
+
+
 def test_a_forked_worker_measures_what_a_fresh_interpreter_does(tmp_path):
     """The zygote only saves the imports: a cell forked from it compiles the same programs,
     plans the same memory and computes the same gradient as one in a fresh interpreter."""
@@ -248,9 +291,13 @@ print(json.dumps([temp, faults[3:]]))
 
 
 def test_cpu_cells_keep_freed_temp_memory_so_a_step_faults_no_pages_in():
-    """Under glibc's defaults each execution faults its temp buffer in again, page by page;
-    under HOST_MALLOC a steady-state step faults (median over 6 steps) under 1% of one temp's
-    pages. The default half shows the settings are what removes the cost."""
+    """Counts, in units of one temp buffer, the pages a steady-state step faults in. Under
+    glibc's defaults each of the step's 4 executions faults its temp in again: 3.997 temps a
+    step, an execution need not touch every page of its temp, so the bound is 3.9. Under
+    HOST_MALLOC none does: the median over 6 steps is under half a temp. Half a temp is
+    the boundary between 0 and 1 executions re-faulting; the pages left under it are faults
+    the kernel takes for its own reasons (0-9 a step on a quiet machine, 2114, 0.11 of a temp,
+    on a CI machine), which no allocator setting removes."""
 
     def faults(env):
         proc = subprocess.run([sys.executable, "-c", _STEP_FAULTS], env=env, cwd=REPO,
@@ -261,9 +308,9 @@ def test_cpu_cells_keep_freed_temp_memory_so_a_step_faults_no_pages_in():
 
     pages, default = faults(_env())
     assert pages * os.sysconf("SC_PAGE_SIZE") > 32 * 2**20  # above glibc's mmap threshold
-    assert default[0] >= pages
+    assert default[0] > 3.9 * pages, (pages, default)
     _, pooled = faults({**_env(), **HOST_MALLOC})
-    assert pooled[len(pooled) // 2] <= pages // 100
+    assert pooled[len(pooled) // 2] < pages / 2, (pages, pooled)
 
 
 def test_out_of_memory_is_recorded_as_oom_and_an_outside_sigkill_as_killed(tmp_path):
