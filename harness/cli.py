@@ -233,6 +233,7 @@ class Nightly(Command):
     def run(cls, args):
         from harness import nightly, results
 
+        results.check_writable(args.history, "--history")  # the runs are written there
         if args.history.is_dir() and any(args.history.glob("*.jsonl")):
             results.read_dir(args.history)  # a corrupt history fails now, not after the grid
         report_dir = args.report or args.history / "nightly"
@@ -341,6 +342,11 @@ class Compare(Command):
         from reports import compare
         from reports.records import read_dir
 
+        if not 0 < args.threshold < 1:
+            raise ValueError(f"--threshold {args.threshold}: give a fraction, e.g. 0.05")
+        if not 0 <= args.cost_threshold < float("inf"):
+            raise ValueError(f"--cost-threshold {args.cost_threshold}: give a fraction >= 0, "
+                             "e.g. 0 (any increase) or 0.01")
         old, new = read_dir(args.old), read_dir(args.new)
         rows = compare.compare_sets(old, new, min_effect=args.threshold)
         if args.json:

@@ -57,6 +57,18 @@ def check_run_options(options: dict[str, Any]) -> None:
         raise ValueError(f"--timeout {timeout}: give the seconds a cell may run (> 0)")
 
 
+def _check_no_repeats(key: str, values: list) -> None:
+    """A value given twice would run the same cell twice, each recorded as round 0: the
+    report would pool them as two rounds of one run. Repeats are refused; rounds are what
+    --rounds is for."""
+    seen = set()
+    for value in values:
+        if value in seen:
+            raise ValueError(f"--{key} names {value} twice ({','.join(map(str, values))}); "
+                             f"give each value once, and --rounds N to run each cell N times")
+        seen.add(value)
+
+
 def _as_list(value) -> list:
     return list(value) if isinstance(value, list | tuple) else [value]
 
@@ -73,12 +85,15 @@ def expand(options: dict[str, Any], *, mesh_sizes: dict[str, int] | None = None)
         raise ValueError("no arms given; pass --arms (e.g. engine,native) or --suite")
     for arm in arms:
         resolve(arm)
+    _check_no_repeats("arms", arms)
     fixed = {k: v for k, v in options.items() if k in SPEC_KEYS and k not in GRID_KEYS
              and k != "ragged" and v is not None}
     run_options = {k: options[k] for k in RUN_KEYS if options.get(k) is not None}
     cells = []
     grid = [_as_list(options.get(k, CellSpec.__dataclass_fields__[k].default))
             for k in GRID_KEYS]
+    for key, values in zip(GRID_KEYS, grid, strict=True):
+        _check_no_repeats(key, values)
     _check_ragged_applies(options.get("ragged"), grid[GRID_KEYS.index("ga")])
     for preset, seq, batch, ga in itertools.product(*grid):
         ragged = options.get("ragged")

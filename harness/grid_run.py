@@ -124,6 +124,8 @@ class Grid:
 
         from harness import grid, results, runner
 
+        if run_id is not None:
+            runner.check_run_id(run_id)
         plugins = tuple(args.plugin or ())
         self.options = options or self.check_values(args, out, processes)
         self.run_id = run_id or runner.new_run_id()

@@ -435,6 +435,14 @@ def cell_store(store: Path, cell: CellRun) -> dict[str, str]:
             REFERENCE_DIR: str(store / "reference")}
 
 
+def check_run_id(run_id: str) -> None:
+    """A run id names a results file inside --out: one plain file name. A separator or '..'
+    would write outside --out (or below it, where no reader looks)."""
+    if not run_id or run_id in (".", "..") or "/" in run_id or "\0" in run_id:
+        raise ValueError(f"--run-id {run_id!r}: give a plain name (no '/', not '..'); the "
+                         "results file is <out>/<run id>.jsonl, and --out chooses where")
+
+
 def results_path(out_dir: str | Path, run_id: str, suite: str | None = None) -> Path:
     """The results file of run `run_id` (one JSON record per line)."""
     return Path(out_dir) / f"{run_id}{'-' + suite if suite else ''}.jsonl"

@@ -53,7 +53,8 @@ def cells(records: Sequence[Record]) -> list[Cell]:
             for key, group in groups.items()]
 
 
-FAILED, ONLY_OLD, ONLY_NEW = "failed", "only in old", "only in new"
+FAILED, FIXED, ONLY_OLD, ONLY_NEW = ("failed", "fixed (failed in old)", "only in old",
+                                     "only in new")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -65,7 +66,8 @@ class CellComparison:
     new: Cell | None
     timing: stats.Comparison | None
     verdict: str
-    """stats.verdict of the timings, or failed / only in old / only in new."""
+    """stats.verdict of the timings, or failed (no run of NEW ran), fixed (OLD had no run,
+    NEW has: not a regression), only in old / only in new."""
     cost_changes: list[costs.CostChange]
     warnings: list[str]
 
@@ -91,7 +93,8 @@ def compare_cells(old: Cell, new: Cell, *, paired: bool = False,
                       for side, cell in (("old", old), ("new", new))
                       for r in cell.records if not r.ok)
     if not old.runs or not new.runs:
-        return CellComparison(name=new.name, old=old, new=new, timing=None, verdict=FAILED,
+        return CellComparison(name=new.name, old=old, new=new, timing=None,
+                              verdict=FIXED if new.runs else FAILED,
                               cost_changes=[], warnings=failed + warnings)
     pair = paired and len(old.runs) == len(new.runs)
     timing = stats.compare(old.runs, new.runs, paired=pair)
@@ -125,6 +128,13 @@ def compare_sets(old: Sequence[Record], new: Sequence[Record], *, paired: bool =
             rows.append(compare_cells(match, cell, paired=paired, min_effect=min_effect))
     rows += [CellComparison(name=c.name, old=c, new=None, timing=None, verdict=ONLY_OLD,
                             cost_changes=[], warnings=[]) for c in old_cells.values()]
+    if rows and all(row.old is None or row.new is None for row in rows):
+        only_old = sum(row.new is None for row in rows)
+        raise ValueError(
+            f"the two result sets have no cell in common ({only_old} only in old, "
+            f"{len(rows) - only_old} only in new): cells match on arm, config (shape, dtype, "
+            "mesh, ...), steps and warmup, versions, backend, devices and XLA flags; compare "
+            "runs of the same cells")
     return rows
 
 

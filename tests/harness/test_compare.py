@@ -97,3 +97,35 @@ def test_compare_of_a_run_with_itself_is_clean_and_bad_input_exits_2(two_runs, t
     assert "0 changed in cost" in same.stdout
     missing = _parity("compare", str(old), str(tmp_path / "nope"))
     assert missing.returncode == 2 and "no such results directory" in missing.stderr
+
+
+def _write(path: Path, *records: dict) -> Path:
+    path.mkdir()
+    (path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_compare_refuses_sets_with_no_common_cell_calls_a_fix_no_regression_and_checks_thresholds(
+        two_runs, tmp_path):
+    old, _ = two_runs
+    record = json.loads(next(old.glob("*.jsonl")).read_text().splitlines()[0])
+    other = _write(tmp_path / "other", dict(record, config_hash="0" * 16))
+    proc = _parity("compare", str(old), str(other), "--fail-on-regression")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        "parity: error: the two result sets have no cell in common (1 only in old, 1 only in "
+        "new): cells match on arm, config (shape, dtype, mesh, ...), steps and warmup, "
+        "versions, backend, devices and XLA flags; compare runs of the same cells")
+    broken = _write(tmp_path / "broken", dict(record, status="failed",
+                                               error={"reason": "crash", "message": "boom"}))
+    fixed = _parity("compare", str(broken), str(old), "--fail-on-regression")
+    assert fixed.returncode == 0, fixed.stderr
+    assert "| fixed (failed in old) |" in fixed.stdout
+    regressed = _parity("compare", str(old), str(broken), "--fail-on-regression")
+    assert regressed.returncode == 1 and "native tiny seq=16 batch=4 ga=1: failed" in (
+        regressed.stderr)
+    for flag, value in (("--threshold", "-1"), ("--threshold", "nan"), ("--threshold", "0"),
+                        ("--cost-threshold", "-0.1"), ("--cost-threshold", "nan")):
+        bad = _parity("compare", str(old), str(old), flag, value)
+        assert bad.returncode == 2 and f"parity: error: {flag} {float(value)}" in bad.stderr
+        assert "Traceback" not in bad.stderr

@@ -74,6 +74,19 @@ def _nightly(history, **env):
                           env=_env(**env), capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.parametrize("report", [None, "elsewhere"])
+def test_nightly_given_a_file_as_history_names_history(tmp_path, report):
+    history = tmp_path / "F.jsonl"
+    history.write_text("")
+    extra = [] if report is None else ["--report", str(tmp_path / report)]
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "nightly", *CELL,
+                           "--history", str(history), *extra], env=_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"parity: error: --history {history} is a file; give a directory"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["F.jsonl"]  # nothing written
+
+
 @pytest.mark.slow
 def test_nightly_labels_a_first_run_then_flags_an_injected_3x_slowdown(tmp_path):
     first = _nightly(tmp_path)

@@ -183,8 +183,9 @@ def test_without_maxtext_only_the_maxtext_arms_fail_and_say_why(tmp_path):
 
 
 def test_sigint_keeps_finished_cells_and_valid_jsonl(tmp_path):
-    command = [sys.executable, "-m", "harness.cli", "run", "--arms", "native,native,native",
-               "--preset", "tiny", "--seq", "16,32,64", "--batch", "4", "--ga", "1",
+    command = [sys.executable, "-m", "harness.cli", "run", "--arms", "native",
+               "--preset", "tiny", "--seq", "16,32,64", "--rounds", "3", "--batch", "4",
+               "--ga", "1",
                "--steps", "2", "--warmup", "1", "--no-parity", "--out", str(tmp_path)]
     proc = subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -219,6 +220,13 @@ def test_sigint_keeps_finished_cells_and_valid_jsonl(tmp_path):
     (["--arms", "native,peft-maxtext", "--scan-layers"], "remat=none cannot be expressed"),
     (["--arms", "native,maxtext-engine"], "remat=none cannot be expressed; use --remat full"),
     (["--arms", "peft-tunix", "--remat", "minimal"], "has no equivalent in Tunix's Qwen3"),
+    (["--arms", "native,native"], "--arms names native twice (native,native); give each value "
+                                  "once, and --rounds N"),
+    (["--seq", "16,32,16"], "--seq names 16 twice"),
+    (["--run-id", "../escaped"], "--run-id '../escaped': give a plain name (no '/', not '..')"),
+    (["--run-id", "/abs/path/here"], "--run-id '/abs/path/here': give a plain name"),
+    (["--run-id", "sub/dir/x"], "--run-id 'sub/dir/x': give a plain name"),
+    (["--run-id", ".."], "--run-id '..': give a plain name"),
 ])
 def test_bad_input_is_one_clear_error_before_any_cell(tmp_path, args, message):
     base = ["--arms", "native", "--preset", "tiny", "--seq", "16", "--batch", "4"]
