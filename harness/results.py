@@ -108,8 +108,13 @@ def exclusive(path: Path) -> Iterator[None]:
             break
         os.close(fd)
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        except OSError as err:  # e.g. a full disk: the lock is the first byte a run writes
+            raise WriteError(f"cannot write {lock_path} ({err.strerror or err}); no cell was "
+                             "run and no record written: free space there, or give another "
+                             "--out") from None
         with REAPER.watch("path", path=str(lock_path)):  # removed even if we are killed
             yield
     finally:

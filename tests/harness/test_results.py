@@ -70,6 +70,32 @@ def test_a_full_disk_loses_one_named_cell_and_leaves_every_line_whole(small_disk
     assert not (small_disk / ".full.jsonl.lock").exists()
 
 
+def test_a_disk_full_before_the_run_is_one_line_and_exit_2(tmp_path):
+    """On a 100%-full disk the run's first write (its lock's pid) fails: one line, exit 2,
+    no record, no lock left. Needs a 4 KiB tmpfs (root); filled to the last page."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs",
+                                            str(disk)], capture_output=True).returncode:
+        pytest.skip("needs root to mount a 4 KiB tmpfs")
+    try:
+        with (disk / "filler").open("wb", buffering=0) as f, pytest.raises(OSError):
+            while True:
+                f.write(b"x" * 512)
+        proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--arms", "native",
+                               "--preset", "tiny", "--seq", "16", "--batch", "4", "--steps",
+                               "2", "--warmup", "1", "--out", str(disk / "out"), "--run-id",
+                               "r"], env=_env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip() == (
+            f"parity: error: cannot write {disk / 'out' / '.r.jsonl.lock'} (No space left on "
+            "device); no cell was run and no record written: free space there, or give "
+            "another --out")
+        assert list((disk / "out").iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
 def test_a_partial_last_line_is_refused_not_glued_onto(tmp_path):
     path = tmp_path / "r.jsonl"
     results.append(path, _record("first"))
