@@ -160,6 +160,8 @@ class Grid:
         grid.check_run_options(options)
         grid.expand(options)
         results.check_writable(out)
+        if options.get("trace"):
+            results.check_writable(out / "traces", "--trace: the traces directory")
         return options
 
     @contextlib.contextmanager

@@ -58,7 +58,12 @@ def check_appendable(path: Path) -> None:
     that read back as records)."""
     if not path.exists():
         return
-    records.read(path)  # names the file, line and field of anything unreadable
+    records.read(path)  # names the file, line and field of anything unreadable (a directory)
+    try:  # opening for append writes nothing; it fails where a write would
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+    except OSError as err:
+        raise ValueError(f"{path}: cannot append to it ({err.strerror or err}); make it "
+                         "writable, or give another --run-id or --out") from None
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
         raise ValueError(f"{path} ends in a partial line; give another --run-id, or remove "

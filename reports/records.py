@@ -23,16 +23,28 @@ def read(path: str | Path) -> list[Record]:
     """All records of one .jsonl file; a clear error names the file and line of bad input."""
     path = Path(path)
     records = []
-    with path.open() as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ResultsError(f"{path}:{number}: not valid JSON ({err.msg}); the file is "
-                                   "corrupt or was cut off: delete that line or re-run") from err
-            records.append(Record.from_json(data, f"{path}:{number}"))
+    try:
+        with path.open("rb") as f:
+            raw = f.read()
+    except IsADirectoryError:
+        raise ResultsError(f"{path} is a directory, not a results file; rename or remove "
+                           "it (results files are the *.jsonl files of --out)") from None
+    except OSError as err:
+        raise ResultsError(f"{path}: cannot read it ({err.strerror or err})") from None
+    for number, blob in enumerate(raw.splitlines(), 1):
+        try:
+            line = blob.decode()
+        except UnicodeDecodeError as err:
+            raise ResultsError(f"{path}:{number}: not UTF-8 text (byte {err.start}); the file "
+                               "is corrupt: delete that line or re-run") from None
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ResultsError(f"{path}:{number}: not valid JSON ({err.msg}); the file is "
+                               "corrupt or was cut off: delete that line or re-run") from err
+        records.append(Record.from_json(data, f"{path}:{number}"))
     return records
 
 

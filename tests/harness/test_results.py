@@ -137,3 +137,53 @@ def test_the_lock_beside_a_results_file_names_its_holder_and_goes_with_it(tmp_pa
                                              rf"\(pid {os.getpid()}\)"), results.exclusive(path):
             pass
     assert list(tmp_path.iterdir()) == []
+
+
+NO_DAC = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+"""Runs a command without root's power to write a file its mode forbids (as a user would)."""
+
+
+def _parity(*args, prefix=()):
+    return subprocess.run([*prefix, sys.executable, "-m", "harness.cli", *args], env=_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_paths_a_run_writes_are_checked_before_any_cell(tmp_path):
+    """A read-only results file, a traces path that is a file and a results file name that
+    is a directory each fail before any process starts: one line, exit 2, nothing written."""
+    cell = ["--arms", "native", "--preset", "tiny", "--seq", "16", "--batch", "4", "--steps",
+            "2", "--warmup", "1"]
+    out = tmp_path / "X"
+    out.mkdir()
+    keep = out / "keep.jsonl"
+    keep.write_text("")
+    keep.chmod(0o444)
+    proc = _parity("run", *cell, "--out", str(out), "--run-id", "keep", prefix=NO_DAC)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (f"parity: error: {keep}: cannot append to it (Permission "
+                                   "denied); make it writable, or give another --run-id or --out")
+    (out / "traces").write_text("")
+    proc = _parity("run", *cell, "--trace", "--out", str(out))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (f"parity: error: --trace: the traces directory "
+                                   f"{out / 'traces'} is a file; give a directory")
+    (out / "x.jsonl").mkdir()
+    is_dir = (f"parity: error: {out / 'x.jsonl'} is a directory, not a results file; rename or "
+              "remove it (results files are the *.jsonl files of --out)")
+    for args in (["run", *cell, "--out", str(out), "--run-id", "x"],
+                 ["report", str(out), "-o", str(tmp_path / "r.md")],
+                 ["compare", str(out), str(out)]):
+        proc = _parity(*args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stderr.strip() == is_dir, args
+    assert sorted(p.name for p in out.iterdir()) == ["keep.jsonl", "traces", "x.jsonl"]
+    assert not (tmp_path / "r.md").exists()
+
+
+def test_a_results_line_that_is_not_utf8_names_its_file_and_line(tmp_path):
+    path = tmp_path / "r.jsonl"
+    results.append(path, _record("first"))
+    with path.open("ab") as f:
+        f.write(b'{"schema": 3, "status": "ok\xff"}\n')
+    with pytest.raises(results.ResultsError, match=r"r.jsonl:2: not UTF-8 text \(byte 27\)"):
+        results.read(path)
