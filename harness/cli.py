@@ -124,6 +124,13 @@ class Run(Command):
         return code
 
 
+def _check_fraction(threshold: float) -> None:
+    """--threshold of ab and compare: the smallest relative timing difference that earns a
+    verdict, a fraction in (0, 1)."""
+    if not 0 < threshold < 1:
+        raise ValueError(f"--threshold {threshold}: give a fraction, e.g. 0.05")
+
+
 class SelftestError(Exception):
     """`parity run --selftest`: the selftest failed (it printed why); no cell ran."""
 
@@ -288,8 +295,7 @@ class AB(Command):
         from harness import ab
         from reports.stats import MIN_PAIRS
 
-        if not 0 < args.threshold < 1:
-            raise ValueError(f"--threshold {args.threshold}: give a fraction, e.g. 0.05")
+        _check_fraction(args.threshold)
         options = Grid.check_values(args, args.out, defaults={
             "rounds": cls.ROUNDS, "steps": cls.STEPS, "trace": False})
         if options["rounds"] < MIN_PAIRS:
@@ -342,8 +348,7 @@ class Compare(Command):
         from reports import compare
         from reports.records import read_dir
 
-        if not 0 < args.threshold < 1:
-            raise ValueError(f"--threshold {args.threshold}: give a fraction, e.g. 0.05")
+        _check_fraction(args.threshold)
         if not 0 <= args.cost_threshold < float("inf"):
             raise ValueError(f"--cost-threshold {args.cost_threshold}: give a fraction >= 0, "
                              "e.g. 0 (any increase) or 0.01")

@@ -60,12 +60,16 @@ def check_appendable(path: Path) -> None:
         return
     records.read(path)  # names the file, line and field of anything unreadable (a directory)
     try:  # opening for append writes nothing; it fails where a write would
-        os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+        fd = os.open(path, os.O_RDWR | os.O_APPEND)
     except OSError as err:
         raise ValueError(f"{path}: cannot append to it ({err.strerror or err}); make it "
                          "writable, or give another --run-id or --out") from None
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
+    try:
+        size = os.fstat(fd).st_size
+        last = os.pread(fd, 1, size - 1) if size else b"\n"
+    finally:
+        os.close(fd)
+    if last != b"\n":
         raise ValueError(f"{path} ends in a partial line; give another --run-id, or remove "
                          "that line")
 

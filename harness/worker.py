@@ -147,22 +147,21 @@ shares with the other cells of its arm (harness.runner.cell_store gives each arm
 unset: no cache, every compile is cold."""
 
 
-def use_compile_cache() -> str | None:
+def use_compile_cache() -> None:
     """Points JAX's persistent compilation cache at $PARITY_COMPILE_CACHE (every program,
-    however quick to compile); returns the directory, or None where none is given. A program
+    however quick to compile), where one is given. A program
     loaded from it is the executable a cold compile would build (same cost and memory
     analysis); only the compile seconds differ, and the record counts the hits."""
     import os
 
     path = os.environ.get(COMPILE_CACHE)
     if not path:
-        return None
+        return
     import jax
 
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    return path
 
 
 class CompileCounter:
