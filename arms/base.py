@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
+import optax
 from flax import nnx
 
-from arms.capture import captured_gradient
+from arms.capture import captured_gradient, with_capture
 from arms.registry import MODELS, TRAINERS
 from arms.spec import CellSpec
 from arms.workload import MicroBatch
 from engine.model import LOGICAL_AXIS_RULES, batch_sharding, build_decoder
 from engine.model.sharding import LogicalRules, place_global_batch
+
+if TYPE_CHECKING:
+    from arms.abstract import ArmPlan
 
 
 def build_model(kind: str, spec: CellSpec, mesh) -> nnx.Module:
@@ -68,11 +72,16 @@ class Arm(abc.ABC):
     trainer: str = ""
     """Registry name of the trainer (arms.registry.TRAINERS), or of a plugin arm."""
 
-    def __init__(self, spec: CellSpec, model: str = "decoder"):
+    def __init__(self, spec: CellSpec, model: str = "decoder", *,
+                 devices: Sequence[jax.Device] | None = None, capture: bool = True):
+        """`devices`: what the mesh is laid over (default: this process's); `capture`: chain
+        the gradient capture in front of the optimizer (what the parity check reads; a plan
+        checks no gradient, so it plans the trainer without it)."""
         if model not in MODELS:
             raise ValueError(f"unknown model {model!r}; valid models: {', '.join(MODELS)}")
-        self.spec, self.model_kind = spec, model
-        self.mesh = spec.make_mesh()  # refuses a mesh the model cannot use, before compiling
+        self.spec, self.model_kind, self.capture = spec, model, capture
+        # Refuses a mesh the model cannot use, before compiling.
+        self.mesh = spec.make_mesh(devices)
         self.rules: LogicalRules = LOGICAL_AXIS_RULES
         check_model(model, spec)
         self.compile_seconds = 0.0
@@ -83,6 +92,28 @@ class Arm(abc.ABC):
         model = build_model(self.model_kind, self.spec, self.mesh)
         self.mesh, self.rules = model_layout(model, self.mesh)
         return model
+
+    def build_abstract_model(self) -> nnx.Module:
+        """This arm's model as shapes on its mesh (nothing allocated), adopting the mesh and
+        rules it runs under, as `build_model` does."""
+        from arms.abstract import abstract_model
+
+        model = abstract_model(self.model_kind, self.spec, self.mesh)
+        self.mesh, self.rules = model_layout(model, self.mesh)
+        return model
+
+    def optimizer(self, tx: optax.GradientTransformation | None = None
+                  ) -> optax.GradientTransformation:
+        """`tx` (default: the cell's optimizer) behind the gradient capture, unless `capture`
+        is off."""
+        tx = tx or self.spec.optimizer_tx()
+        return with_capture(tx) if self.capture else tx
+
+    def plan(self) -> ArmPlan:
+        """This arm's step compiled for its mesh from shapes alone (`arms.abstract`); its
+        devices may be a TPU topology's compile-only ones."""
+        raise NotImplementedError(f"arm {self.trainer!r} cannot be planned without "
+                                  "materializing its model (it has no abstract build)")
 
     @abc.abstractmethod
     def build(self) -> None:

@@ -7,27 +7,50 @@ import time
 
 import jax
 
+from arms.abstract import ArmPlan, abstract_batch
 from arms.base import Arm
-from arms.capture import with_capture
 from engine import EngineConfig, TrainingEngine
+from engine.model import batch_sharding
 
 
 class EngineArm(Arm):
     trainer = "engine"
     fused = False
 
-    def build(self) -> None:
+    def _engine(self, model) -> TrainingEngine:
         spec = self.spec
-        self.model = self.build_model()
-        self.engine = TrainingEngine(
-            self.model, with_capture(spec.optimizer_tx()), spec.loss_fn(), mesh=self.mesh,
-            rules=self.rules,
+        return TrainingEngine(
+            model, self.optimizer(), spec.loss_fn(), mesh=self.mesh, rules=self.rules,
             config=EngineConfig(gradient_accumulation_steps=spec.ga,
                                 gradient_clipping_threshold=spec.clip))
+
+    @property
+    def _paths(self) -> tuple[str]:
+        return ("fused",) if self.fused else ("split",)
+
+    def build(self) -> None:
+        self.model = self.build_model()
+        self.engine = self._engine(self.model)
         start = time.perf_counter()
-        self.engine.compile(spec.micro_batches()[0], paths=("fused",) if self.fused
-                            else ("split",))
+        self.engine.compile(self.spec.micro_batches()[0], paths=self._paths)
         self.compile_seconds = time.perf_counter() - start
+
+    def plan(self) -> ArmPlan:
+        engine = self._engine(self.build_abstract_model())
+        engine.compile(abstract_batch(self.spec, batch_sharding(self.mesh)), paths=self._paths)
+        state = {"params": engine.params, "opt_state": engine.opt_state, "rest": engine.rest}
+        if self.fused:
+            return ArmPlan(executables={"train_step": engine.kernels["train_step"].compiled},
+                           calls_per_step={"train_step": 1}, state=state)
+        calls = {"fwd_bwd": 1, "fwd_bwd_accumulate": self.spec.ga - 1, "update": 1}
+        return ArmPlan(
+            executables={name: k.compiled for name, k in engine.kernels.items()},
+            calls_per_step={name: calls[name] for name in engine.kernels},
+            state={**state, "accumulator": engine.abstract_accumulator()},
+            # Between micro-batches and during them the optimizer state waits in memory;
+            # the update takes the whole train state but the model's non-Param state.
+            held={"fwd_bwd": ("opt_state",), "fwd_bwd_accumulate": ("opt_state",),
+                  "update": ("rest",)})
 
     def step(self, micro_batches):
         before = {name: k.calls for name, k in self.engine.kernels.items()}

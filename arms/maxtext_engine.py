@@ -28,9 +28,10 @@ import jax
 import numpy as np
 from flax import nnx
 
+from arms.abstract import ArmPlan, abstract_batch
 from arms.base import Arm
-from arms.capture import with_capture
 from arms.workload import MicroBatch
+from engine.model import batch_sharding
 
 
 def _payload(mb: MicroBatch) -> dict:
@@ -62,10 +63,28 @@ def _tunix_loss(loss_fn, abstract_engine):
 class MaxTextEngineArm(Arm):
     trainer = "maxtext-engine"
 
-    def __init__(self, spec, model: str = "maxtext"):
+    def __init__(self, spec, model: str = "maxtext", **options):
         if model != "maxtext":
             raise ValueError(f"maxtext-engine drives only MaxText's own model, not {model!r}")
-        super().__init__(spec, model)
+        super().__init__(spec, model, **options)
+
+    def _config(self):
+        """MaxText's config for the cell: our dimensions, the cell's learning rate and clip
+        (no warmup or decay), float32 gradients, nothing written; compiled for the platform
+        of the cell's mesh."""
+        from arms.models import maxtext_qwen3 as mq
+
+        spec = self.spec
+        return mq.maxtext_config(
+            spec.model_config(), mesh_shape=dict(self.mesh.shape), seq=spec.seq,
+            platform=mq.mesh_platform(self.mesh), learning_rate=spec.learning_rate,
+            warmup_steps_fraction=0.0, learning_rate_final_fraction=1.0,
+            gradient_clipping_threshold=spec.clip or 0.0, grad_dtype="float32",
+            enable_tensorboard=False, init_weights_seed=spec.seed)
+
+    def _hooks(self, engine, abstract_engine) -> None:
+        engine.with_loss_fn(_tunix_loss(self.spec.loss_fn(), abstract_engine), has_aux=True)
+        engine.with_gen_model_input_fn(_payload)
 
     def build(self) -> None:
         from arms.models import maxtext_qwen3 as mq
@@ -73,12 +92,8 @@ class MaxTextEngineArm(Arm):
         abstract_engine, maxtext_engine = mq.require_maxtext(engine=True)
         spec = self.spec
         config = spec.model_config()
-        tx = with_capture(spec.optimizer_tx())
-        mx_config = mq.maxtext_config(
-            config, mesh_shape=dict(self.mesh.shape), seq=spec.seq,
-            learning_rate=spec.learning_rate, warmup_steps_fraction=0.0,
-            learning_rate_final_fraction=1.0, gradient_clipping_threshold=spec.clip or 0.0,
-            grad_dtype="float32", enable_tensorboard=False, init_weights_seed=spec.seed)
+        tx = self.optimizer()
+        mx_config = self._config()
         mesh = mq.maxtext_mesh(self.mesh, mx_config)
 
         class Engine(maxtext_engine.MaxTextTrainingEngine):
@@ -91,14 +106,47 @@ class MaxTextEngineArm(Arm):
         decoder = self._reference_weights()
         mq.load_params(self.engine.model, mq.decoder_to_maxtext_params(
             nnx.to_pure_dict(nnx.state(decoder, nnx.Param)), config), mesh, mx_config)
-        self.engine.with_loss_fn(_tunix_loss(spec.loss_fn(), abstract_engine), has_aux=True)
-        self.engine.with_gen_model_input_fn(_payload)
+        self._hooks(self.engine, abstract_engine)
         self.mesh, self.rules = mesh, mq.rules(mx_config)
         example = self.place(spec.micro_batches())[0]
         start = time.perf_counter()  # compile only, as for the other arms (build_s has it all)
         self.engine.compile(example)
         self.compile_seconds = time.perf_counter() - start
         self._metrics = None
+
+    def plan(self) -> ArmPlan:
+        """MaxText's engine planned the way MaxText plans it: its own ahead-of-time engine
+        (`AbstractMaxTextEngine`, whose weights and moments are shapes) with the cell's
+        optimizer, loss and micro-batch, compiled by `compile_kernels`. Its accumulating
+        kernel is compiled at GA 1 too (0 calls there)."""
+        from arms.models import maxtext_qwen3 as mq
+
+        abstract_engine, _ = mq.require_maxtext(engine=True)
+        from maxtext.training_engine.maxtext_engine_compile import AbstractMaxTextEngine
+
+        tx = self.optimizer()
+        mx_config = self._config()
+        mesh = mq.maxtext_mesh(self.mesh, mx_config)
+
+        class Engine(AbstractMaxTextEngine):
+            def _build_optimizer(self, maxtext_tx):
+                del maxtext_tx  # the cell's optimizer replaces the config-built one
+                return super()._build_optimizer(tx)
+
+        engine = Engine(mx_config, mesh)
+        mq.check_shardable(engine.model, mesh, mx_config)
+        self._hooks(engine, abstract_engine)
+        self.mesh, self.rules = mesh, mq.rules(mx_config)
+        example = abstract_batch(self.spec, batch_sharding(mesh))
+        compiled = engine.compile_kernels(example)
+        grads = compiled["fwd_bwd"].out_info[3]  # the accumulated sums fwd_bwd hands on
+        return ArmPlan(
+            executables=compiled, calls_per_step=self.calls_per_step(),
+            state={"params": nnx.state(engine.model, nnx.Param),
+                   "opt_state": nnx.state(engine.optimizer),
+                   "rest": nnx.state(engine.model, nnx.Not(nnx.Param)), "accumulator": grads},
+            # Its fwd/bwd kernels take the model's state; the update, the whole train state.
+            held={"fwd_bwd": ("opt_state",), "fwd_bwd_accum": ("opt_state",)})
 
     def _reference_weights(self):
         from engine.model import build_decoder

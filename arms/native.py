@@ -15,9 +15,15 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from arms.abstract import ArmPlan, abstract_batch
 from arms.base import Arm
-from arms.capture import with_capture
-from engine.model import batch_sharding, named_shardings, optimizer_shardings, sharding_context
+from engine.model import (
+    abstract_on,
+    batch_sharding,
+    named_shardings,
+    optimizer_shardings,
+    sharding_context,
+)
 
 
 def native_step(graph, loss_fn, tx, clip, params, rest, opt_state, batches):
@@ -70,19 +76,20 @@ def native_step(graph, loss_fn, tx, clip, params, rest, opt_state, batches):
 class NativeArm(Arm):
     trainer = "native"
 
-    def build(self) -> None:
+    def _compile(self, model, start_state) -> tuple[jax.stages.Compiled, tuple]:
+        """(compiled step, (params, rest, opt_state)) for `model`, real or abstract;
+        `start_state(tx, (params, rest), (param_sh, rest_sh, opt_sh))` gives the params,
+        non-Param state and optimizer state the step starts from (arrays, or their shapes)."""
         spec = self.spec
-        self.model = self.build_model()
-        graph, params, rest = nnx.split(self.model, nnx.Param, ...)
-        tx, loss_fn, clip = with_capture(spec.optimizer_tx()), spec.loss_fn(), spec.clip
+        graph, params, rest = nnx.split(model, nnx.Param, ...)
+        tx, loss_fn, clip = self.optimizer(), spec.loss_fn(), spec.clip
         param_sh = named_shardings(params, self.mesh, self.rules)
         rest_sh = named_shardings(rest, self.mesh, self.rules)
         opt_sh = optimizer_shardings(tx, params, param_sh, self.mesh)
         with sharding_context(self.mesh, self.rules):
-            opt_state = jax.jit(tx.init, out_shardings=opt_sh)(params)
+            params, rest, opt_state = start_state(tx, (params, rest), (param_sh, rest_sh, opt_sh))
         batch_sh = batch_sharding(self.mesh)
-        example = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sh),
-                               spec.micro_batches()[0])
+        example = abstract_batch(spec, batch_sh)
         scalar = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
 
         def step(params, rest, opt_state, batches):
@@ -94,10 +101,29 @@ class NativeArm(Arm):
                          out_shardings=(param_sh, rest_sh, opt_sh, scalar))
         start = time.perf_counter()
         with sharding_context(self.mesh, self.rules):
-            self.compiled = jitted.lower(params, rest, opt_state, (example,) * spec.ga).compile()
+            compiled = jitted.lower(params, rest, opt_state, (example,) * spec.ga).compile()
         self.compile_seconds = time.perf_counter() - start
-        self.state = (params, rest, opt_state)
+        return compiled, (params, rest, opt_state)
+
+    def build(self) -> None:
+        self.model = self.build_model()
+
+        def materialized(tx, state, shardings):
+            params, rest = state
+            return params, rest, jax.jit(tx.init, out_shardings=shardings[2])(params)
+
+        self.compiled, self.state = self._compile(self.model, materialized)
         self._loss = None
+
+    def plan(self) -> ArmPlan:
+        def shapes(tx, state, shardings):
+            params, rest = abstract_on(state, shardings[:2])
+            return params, rest, jax.eval_shape(jax.jit(tx.init, out_shardings=shardings[2]),
+                                                params)
+
+        compiled, (params, rest, opt_state) = self._compile(self.build_abstract_model(), shapes)
+        return ArmPlan(executables={"step": compiled}, calls_per_step={"step": 1},
+                       state={"params": params, "opt_state": opt_state, "rest": rest})
 
     def step(self, micro_batches):
         params, rest, opt_state = self.state

@@ -20,11 +20,13 @@ import importlib
 import time
 
 import jax
+from flax import nnx
 from flax.core import spmd as core_spmd
 
+from arms.abstract import ArmPlan, abstract_batch, traced_state
 from arms.base import Arm
-from arms.capture import with_capture
 from arms.workload import MicroBatch
+from engine.model import batch_sharding
 
 DATA_AXES = (("data", "fsdp"),)
 """Tunix's `data_sharding_axis`, which it spreads into a PartitionSpec (one entry per array
@@ -77,11 +79,11 @@ class PeftArm(Arm):
         with self.mesh, jax.set_mesh(self.mesh), core_spmd.logical_axis_rules(self.rules):
             yield
 
-    def build(self) -> None:
+    def _trainer(self, model):
+        """Tunix's PeftTrainer on `model` with the cell's optimizer (and clip, in front)."""
         module = peft_trainer_module()
         self.trainer_module = module.__name__
         spec = self.spec
-        self.model = self.build_model()
         config = module.TrainingConfig(
             eval_every_n_steps=1 << 30,
             gradient_accumulation_steps=spec.ga if spec.ga > 1 else None,
@@ -91,8 +93,13 @@ class PeftArm(Arm):
             import optax
 
             tx = optax.chain(optax.clip_by_global_norm(spec.clip), tx)
+        return module.PeftTrainer(model, self.optimizer(tx), config)
+
+    def build(self) -> None:
+        spec = self.spec
+        self.model = self.build_model()
         with self._context():
-            self.peft = module.PeftTrainer(self.model, with_capture(tx), config)
+            self.peft = self._trainer(self.model)
             self.peft.with_loss_fn(_mean_loss(spec.loss_fn()), has_aux=True)
             self.train_step, _ = self.peft.jit_train_and_eval_step(cache_nnx_graph=True)
             from tunix.sft import sharding_utils
@@ -108,6 +115,39 @@ class PeftArm(Arm):
                 self.model, self.peft.optimizer, example).compile()
             self.compile_seconds = time.perf_counter() - start
         self._losses: list = []
+
+    def plan(self) -> ArmPlan:
+        """Tunix's own jitted train step, on a model and optimizer of shapes.
+
+        PeftTrainer builds its `nnx.Optimizer` eagerly (`tx.init` on the weights), so it is
+        built inside a trace (`arms.abstract.traced_state`), which gives each optimizer
+        leaf the layout the eager init gives it (its parameter's), and then handed the
+        abstract model and optimizer; its jitted step is lowered with them as in `build`.
+        """
+        spec = self.spec
+        model = self.build_abstract_model()
+        graph, state = nnx.split(model)
+        made = {}
+
+        def build(state):
+            trainer = self._trainer(nnx.merge(graph, state))
+            made["trainer"], (made["graph"], opt_state) = trainer, nnx.split(trainer.optimizer)
+            return opt_state
+
+        opt_state = traced_state(build, state, self.mesh)
+        trainer = made["trainer"]
+        trainer.model, trainer.optimizer = model, nnx.merge(made["graph"], opt_state)
+        trainer.with_loss_fn(_mean_loss(spec.loss_fn()), has_aux=True)
+        # Outside the mesh: under it, its optimizer-sharding pass would constrain the shapes
+        # (they carry the layout that pass gives the arrays in `build`).
+        train_step, _ = trainer.jit_train_and_eval_step(cache_nnx_graph=True)
+        example = abstract_batch(spec, batch_sharding(self.mesh))._asdict()
+        with self._context():
+            compiled = _jitted_step(train_step).lower(model, trainer.optimizer, example).compile()
+        return ArmPlan(executables={"train_step": compiled},
+                       calls_per_step={"train_step": spec.ga},
+                       state={"params": nnx.state(model, nnx.Param), "opt_state": opt_state,
+                              "rest": nnx.state(model, nnx.Not(nnx.Param))})
 
     def step(self, micro_batches):
         from tunix.sft import sharding_utils

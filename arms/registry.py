@@ -100,12 +100,19 @@ def arms_help() -> str:
             f"{{{', '.join(t.name for t in pairs)}}} and MODEL in {{{', '.join(MODELS)}}}")
 
 
-def make_arm(name: str, spec: CellSpec) -> Arm:
-    """An unbuilt arm by name; call `.build()` to compile it."""
+def make_arm(name: str, spec: CellSpec, **options) -> Arm:
+    """An unbuilt arm by name; call `.build()` to compile it (or `.plan()`). `options` go to
+    the Arm (`devices`, `capture`); a plugin arm takes none."""
     if name in _PLUGINS:
-        return _PLUGINS[name](spec)
+        try:
+            return _PLUGINS[name](spec, **options)
+        except TypeError:
+            if not options:
+                raise
+            raise ValueError(f"plugin arm {name!r} takes no {', '.join(options)}: its "
+                             "factory cannot build it for another mesh (a plan)") from None
     trainer, model = resolve(name)
-    return TRAINERS[trainer].arm_class()(spec, model)
+    return TRAINERS[trainer].arm_class()(spec, model, **options)
 
 
 def preload(name: str) -> None:

@@ -93,8 +93,10 @@ class CellSpec:
         return get_preset(self.preset, dtype=self.dtype, scan_layers=self.scan_layers,
                           remat=self.remat)
 
-    def make_mesh(self):
-        mesh = make_mesh(self.mesh or None)
+    def make_mesh(self, devices=None):
+        """The cell's mesh over `devices` (default: this process's); a -1 axis takes every
+        device the others leave."""
+        mesh = make_mesh(self.mesh or None, devices)
         check_fits(self.model_config(), mesh, self.micro_batch)
         return mesh
 

@@ -13,6 +13,10 @@ The math lives in `engine.kernels`; this class decides *how* it runs:
   counter is not donated: it is the throttler's marker for that step;
 - the model graph is split once per compile; afterwards kernel outputs are republished to
   `engine.model` with `nnx.update` instead of re-splitting the graph every step.
+
+An engine built on an abstract model (shapes with shardings, e.g. `abstract_decoder` on a TPU
+topology's compile-only devices) compiles every kernel without allocating anything: its
+kernels are XLA's plan for that mesh, to inspect, never to run.
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ from engine.metrics import InflightThrottler, MetricsRecorder, StepMetrics, vali
 from engine.model.sharding import (
     LOGICAL_AXIS_RULES,
     LogicalRules,
+    abstract_on,
     batch_sharding,
+    is_abstract,
     named_shardings,
     on_mesh,
     optimizer_shardings,
@@ -87,6 +93,8 @@ class TrainingEngine:
         self._acc: kernels.Accumulator | None = None
         self._micro = 0
         self._compiled_for = None
+        self.abstract = False
+        """Built on an abstract model: kernels compile, never run (set by compile)."""
         self._cache_enabled = True
         self._update_cfg = kernels.UpdateConfig(
             jnp.dtype(self.config.grad_dtype) if self.config.grad_dtype else None,
@@ -130,17 +138,25 @@ class TrainingEngine:
         self._graph = graph
         self._param_shardings = named_shardings(params, self.mesh, self.rules)
         self._rest_shardings = named_shardings(rest, self.mesh, self.rules)
-        # The engine owns its param buffers (updates donate them): a copy, so arrays the
-        # caller built the model from stay valid.
-        self._params = jax.device_put(params, self._param_shardings, may_alias=False)
-        self._rest = jax.device_put(rest, self._rest_shardings)
+        self._replicated = NamedSharding(self.mesh, PartitionSpec())
+        self.abstract = is_abstract(params)
+        if self.abstract:  # shapes only: the state a compiled plan would hold
+            self._params = abstract_on(params, self._param_shardings)
+            self._rest = abstract_on(rest, self._rest_shardings)
+        else:
+            # The engine owns its param buffers (updates donate them): a copy, so arrays
+            # the caller built the model from stay valid.
+            self._params = jax.device_put(params, self._param_shardings, may_alias=False)
+            self._rest = jax.device_put(rest, self._rest_shardings)
         self._opt_shardings = optimizer_shardings(self.tx, self._params, self._param_shardings,
                                                   self.mesh)
+        init = jax.jit(self.tx.init, out_shardings=self._opt_shardings)
+        step = jnp.zeros((), jnp.int32)
         with self.sharding_context():
-            self._opt_state = jax.jit(self.tx.init, out_shardings=self._opt_shardings)(
-                self._params)
-        self._replicated = NamedSharding(self.mesh, PartitionSpec())
-        self._step = jax.device_put(jnp.zeros((), jnp.int32), self._replicated)
+            self._opt_state = (jax.eval_shape(init, self._params) if self.abstract
+                               else init(self._params))
+        self._step = (jax.ShapeDtypeStruct((), jnp.int32, sharding=self._replicated)
+                      if self.abstract else jax.device_put(step, self._replicated))
         self._acc_shardings = kernels.Accumulator(
             self._param_shardings, self._replicated, self._replicated)
         self._live_variables = [v for _, v in nnx.iter_graph(self.model)
@@ -149,8 +165,7 @@ class TrainingEngine:
         self._publish()
 
     def _abstract(self, tree, shardings):
-        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            tree, shardings)
+        return abstract_on(tree, shardings)
 
     def _lower_compile(self, name, fn, in_shardings, out_shardings, donate, *abstract_args):
         fn.__name__ = fn.__qualname__ = name  # traces and HLO dumps show jit_<kernel name>
@@ -179,7 +194,9 @@ class TrainingEngine:
         validate(metrics)
         return jax.tree.map(lambda _: self._replicated, metrics)
 
-    def _abstract_accumulator(self) -> kernels.Accumulator:
+    def abstract_accumulator(self) -> kernels.Accumulator:
+        """The accumulator's shapes and shardings (float32 gradient sums laid out like the
+        params, replicated scalar sums)."""
         scalar = jax.ShapeDtypeStruct((), jnp.float32, sharding=self._replicated)
         return kernels.Accumulator(
             jax.tree.map(lambda p, s: jax.ShapeDtypeStruct(p.shape, jnp.float32, sharding=s),
@@ -189,7 +206,7 @@ class TrainingEngine:
         graph, loss_fn, tx, cfg = self._graph, self.loss_fn, self.tx, self._update_cfg
         params = self._abstract(self._params, self._param_shardings)
         rest = self._abstract(self._rest, self._rest_shardings)
-        acc = self._abstract_accumulator()
+        acc = self.abstract_accumulator()
         metric_sh = self._metric_shardings
         fwd_out = (self._acc_shardings, self._rest_shardings, metric_sh)
         self._lower_compile(
@@ -278,6 +295,9 @@ class TrainingEngine:
     def _check_batch(self, micro_batch) -> None:
         if self._compiled_for is None:
             raise RuntimeError("call compile(example_micro_batch) before stepping")
+        if self.abstract:
+            raise RuntimeError("this engine was built on an abstract model (shapes, no "
+                               "weights): its kernels can be compiled and inspected, not run")
         sig = _signature(micro_batch)
         if sig == self._compiled_for:
             return
@@ -379,6 +399,11 @@ class TrainingEngine:
         return self._opt_state
 
     @property
+    def rest(self) -> nnx.State:
+        """The model's non-Param state (e.g. RNG counts), as the kernels hand it on."""
+        return self._rest
+
+    @property
     def accumulator(self) -> kernels.Accumulator | None:
         return self._acc
 
@@ -400,7 +425,7 @@ class TrainingEngine:
         if self._compiled_for is None:
             raise RuntimeError("compile() the engine before restore_checkpoint()")
         snap = checkpoint.restore(path, (self._params, self._opt_state, self._rest, self._step),
-                                  self._abstract_accumulator())
+                                  self.abstract_accumulator())
         self._params, self._opt_state, self._rest, self._step = snap.state
         self._acc, self._micro = snap.accumulator, snap.micro_batches_done
         self.steps_dispatched = snap.steps_dispatched

@@ -124,6 +124,66 @@ class Run(Command):
         return code
 
 
+class PlanCommand(Command):
+    name = "plan"
+    help = "XLA's plan of every arm for a TPU topology, compiled here (nothing runs)"
+    description = ("Compiles each cell's step for a TPU topology's compile-only devices "
+                   "(libtpu; no chip needed), from shapes alone, one process per cell, and "
+                   "records XLA's plan: planned peak HBM per device against the capacity, "
+                   "resident state, HBM and collective bytes and FLOPs per step. A plan is the "
+                   "compiler's figure for the target, not a measurement. Exit 0 when every "
+                   "cell planned and fits, 1 when one failed or does not fit (named), 2 on "
+                   "bad input.")
+
+    @classmethod
+    def setup(cls, parser):
+        from harness.plan.target import TPU7X
+
+        add_grid_arguments(parser)
+        parser.add_argument("--target", help=f"TPU topology (default: the suite's, else "
+                                              f"{TPU7X}), e.g. v5e:2x2, v5p:2x2x1, v6e:2x2")
+        parser.add_argument("--target-slices", type=int,
+                            help="slices of the topology (default: the suite's, else 1)")
+        parser.add_argument("--out", type=Path, default=Path("results/plan"),
+                            help="results directory")
+        parser.add_argument("--run-id", help="name of the results file (default: a timestamp)")
+        parser.add_argument("--save-hlo", action="store_true",
+                            help="write each executable's optimized TPU HLO text under "
+                                 "OUT/hlo/<run id>/<cell>/ (to find what a figure comes from)")
+
+    @classmethod
+    def run(cls, args):
+        from harness import console, results
+        from harness.plan import target
+
+        options = Grid.check_values(args, args.out, defaults={"trace": False})
+        if options.get("rounds", 1) != 1:
+            raise ValueError(f"--rounds {options['rounds']}: a plan is deterministic (the "
+                             "same code and versions give the same figures); plan once")
+        name = args.target or options.get("target") or target.TPU7X
+        slices = (args.target_slices if args.target_slices is not None
+                  else options.get("target_slices", 1))
+        if args.save_hlo:
+            results.check_writable(args.out / "hlo", "--save-hlo: the HLO directory")
+        described = target.probe(name, slices)
+        if args.save_hlo:
+            described["hlo_dir"] = str(args.out / "hlo")
+        grid = Grid(args, args.out, run_id=args.run_id, options=options, target=described)
+        path, records = grid.run()
+        print(console.plan_table(records))
+        failing = [f"{console.cell_name(r.arm, r.spec)}: "
+                   + (f"{r.error.reason}: {r.error.message[:300]}" if not r.ok else
+                      f"planned peak {r.plan.planned_peak_bytes / 2**30:.2f} GiB > "
+                      f"{r.plan.hbm_capacity_bytes / 2**30:.2f} GiB available")
+                   for r in records if not r.ok or r.plan.fits is False]
+        print(f"\nrecords: {path}")
+        if failing:
+            print(f"parity: {len(failing)} cells do not plan or do not fit on {name}:\n"
+                  + "\n".join(f"  {f}" for f in failing), file=sys.stderr)
+            return 1
+        return 0
+
+
 def _check_fraction(threshold: float) -> None:
     """--threshold of ab and compare: the smallest relative timing difference that earns a
     verdict, a fraction in (0, 1)."""
@@ -231,6 +291,11 @@ class Nightly(Command):
         parser.add_argument("--threshold", type=float,
                             help="relative slowdown that counts (default: suite's, else 0.05)")
         parser.add_argument("--report", type=Path, help="where nightly.md and plots go")
+        parser.add_argument("--plan", action="store_true",
+                            help="also plan every cell for the suite's target (or --target) "
+                                 "and compare the plans with the history's, exactly")
+        parser.add_argument("--target", help="TPU topology of --plan (default: the suite's, "
+                                             "else tpu7x:2x2x1)")
 
     ROUNDS = 4
     """Default rounds a night: 4 new runs against 4+ history runs is the smallest unpaired
@@ -249,8 +314,18 @@ class Nightly(Command):
         threshold = args.threshold or options.get("regression_threshold", 0.05)
         if not threshold > 0:
             raise ValueError(f"--threshold {threshold}: give a relative slowdown > 0")
+        described = None
+        if args.plan:  # a target libtpu cannot plan fails before the grid runs
+            from harness.plan import target
+
+            described = target.probe(args.target or options.get("target") or target.TPU7X,
+                                     options.get("target_slices") or 1)
         grid = Grid(args, args.history, options=options)
         _, records = grid.run()
+        if described is not None:
+            plans = Grid(args, args.history, options={**options, "rounds": 1, "trace": False},
+                         target=described)
+            records = [*records, *plans.run()[1]]
         code, text = nightly.evaluate(records, args.history, threshold=threshold,
                                       report_dir=report_dir)
         print(text)
@@ -403,8 +478,8 @@ class Report(Command):
         return 0
 
 
-COMMANDS: tuple[type[Command], ...] = (Selftest, Env, Run, Launch, Nightly, AB, Compare,
-                                        Report)
+COMMANDS: tuple[type[Command], ...] = (Selftest, Env, Run, PlanCommand, Launch, Nightly, AB,
+                                        Compare, Report)
 
 
 class Parser(argparse.ArgumentParser):

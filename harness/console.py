@@ -11,7 +11,7 @@ def _fmt(value, spec: str = ".1f", missing: str = "-") -> str:
     return missing if value is None else format(value, spec)
 
 
-__all__ = ["cell_line", "cell_name", "table"]
+__all__ = ["cell_line", "cell_name", "plan_table", "table"]
 
 
 def _status(record: Record) -> str:
@@ -50,12 +50,31 @@ def other_work(record: Record, earlier: list[Record]) -> str:
     return f"{differ.removesuffix(')')} of {first.arm})" if differ else ""
 
 
+def _gib(value) -> str:
+    return "-" if value is None else f"{value / 2**30:.3f} GiB"
+
+
+def plan_line(record: Record) -> str:
+    """A planned cell: its peak against the capacity, traffic and collectives per step."""
+    p = record.plan
+    fits = "" if p.fits is None else " (fits)" if p.fits else " (DOES NOT FIT)"
+    collectives = (sum(p.collective_bytes_per_step.values())
+                   if p.collective_bytes_per_step else None)
+    return (f"planned peak {_gib(p.planned_peak_bytes)} of {_gib(p.hbm_capacity_bytes)}"
+            f"{fits} on {p.target}, resident {_gib(sum(p.resident_bytes.values()))}, HBM "
+            f"{_gib(p.hbm_bytes_per_step)}/step, collectives {_gib(collectives)}/step, "
+            f"compiled in {p.compile_s:.0f} s")
+
+
 def cell_line(record: Record, earlier: list[Record] = ()) -> str:
     """The finished cell: timing, gradient parity as a verdict (a FAIL leads the line), and
-    whether it does other work than the `earlier` records of its shape."""
+    whether it does other work than the `earlier` records of its shape; a plan's figures."""
     name = cell_name(record.arm, record.spec) + (f" round {record.round}" if record.round else "")
     if not record.ok:
         return f"FAILED {name}: {record.error.reason}: {record.error.message}"
+    if record.plan is not None:
+        head = "ok    " if record.plan.fits is not False else "NO FIT"
+        return f"{head} {name}: {plan_line(record)}"
     t = record.timing
     flag = "" if _status(record) == "ok" else f" [{_status(record)}: timing includes compilation]"
     verdict = parity_verdict(record)
@@ -71,6 +90,32 @@ def cell_line(record: Record, earlier: list[Record] = ()) -> str:
 
 HEADER = ("| arm | preset | seq | batch | ga | median ms | p90 ms | max ms | cv | tok/s "
           "| loss | rel_l2 vs exact | exec/step | data | status |")
+
+
+PLAN_HEADER = ("| arm | preset | seq | batch | ga | mesh | dtype | planned peak GiB | fits "
+               "| resident GiB | HBM GiB/step | collective GiB/step | compile s | status |")
+
+
+def plan_table(records: list[Record]) -> str:
+    """The end-of-run table of `parity plan`."""
+    rows = [PLAN_HEADER, "|" + "|".join(["---"] * (PLAN_HEADER.count("|") - 1)) + "|"]
+    for r in records:
+        s = r.spec
+        cell = f"| {r.arm} | {s.preset} | {s.seq} | {s.batch} | {s.ga} | {s.mesh or '1'} " \
+               f"| {s.dtype} "
+        if not r.ok:
+            rows.append(f"{cell}| - | - | - | - | - | - | failed: {r.error.reason} |")
+            continue
+        p = r.plan
+        collectives = (sum(p.collective_bytes_per_step.values())
+                       if p.collective_bytes_per_step else None)
+        rows.append(
+            f"{cell}| {p.planned_peak_bytes / 2**30:.3f} | "
+            f"{'-' if p.fits is None else 'yes' if p.fits else 'NO'} "
+            f"| {sum(p.resident_bytes.values()) / 2**30:.3f} "
+            f"| {_fmt(p.hbm_bytes_per_step and p.hbm_bytes_per_step / 2**30, '.3f')} "
+            f"| {_fmt(collectives and collectives / 2**30, '.3f')} | {p.compile_s:.0f} | ok |")
+    return "\n".join(rows)
 
 
 def table(records: list[Record]) -> str:

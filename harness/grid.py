@@ -19,7 +19,7 @@ SUITES_DIR = Path(__file__).parent / "suites"
 RUN_KEYS = ("steps", "warmup", "trace", "trace_steps", "trace_hlo", "parity")
 GRID_KEYS = ("preset", "seq", "batch", "ga")
 SUITE_ONLY_KEYS = ("description", "arms", "timeout_s", "ragged", "regression_threshold",
-                   "cpu_devices", "rounds")
+                   "cpu_devices", "rounds", "target", "target_slices")
 SPEC_KEYS = tuple(f.name for f in dataclasses.fields(CellSpec))
 
 
@@ -28,15 +28,18 @@ def suite_names() -> list[str]:
 
 
 def load_suite(name: str) -> dict[str, Any]:
-    path = SUITES_DIR / f"{name}.toml"
-    if not path.exists():
-        raise ValueError(f"unknown suite {name!r}; valid suites: {', '.join(suite_names())}")
+    """A named suite (harness/suites/NAME.toml), or a suite file of the user's (a path
+    ending in .toml)."""
+    path = Path(name) if name.endswith(".toml") else SUITES_DIR / f"{name}.toml"
+    if not path.is_file():
+        raise ValueError(f"unknown suite {name!r}; valid suites: {', '.join(suite_names())} "
+                         "(or the path of a .toml suite file)")
     with path.open("rb") as f:
         suite = tomllib.load(f)
     unknown = set(suite) - set(SPEC_KEYS) - set(RUN_KEYS) - set(SUITE_ONLY_KEYS)
     if unknown:
         raise ValueError(f"suite {name!r} has unknown keys {sorted(unknown)}")
-    suite["name"] = name
+    suite["name"] = path.stem
     return suite
 
 
@@ -127,11 +130,12 @@ def _check_ragged_applies(ragged, gas: list) -> None:
             "the grid")
 
 
-def _check_device_count(spec: str, mesh: dict[str, int], available: dict[str, int]) -> None:
+def _check_device_count(spec: str, mesh: dict[str, int], available: dict) -> None:
     need = math.prod(mesh.values())
     have = available["device_count"]
     if need > have:
         hint = ("; on CPU pass --cpu-devices N to emulate N devices"
                 if available.get("backend") == "cpu" else "")
-        raise ValueError(f"mesh {spec!r} needs {need} devices but this {available.get('backend')}"
-                         f" host has {have}{hint}")
+        where = (f"the target {available['target']}" if available.get("target")
+                 else f"this {available.get('backend')} host")
+        raise ValueError(f"mesh {spec!r} needs {need} devices but {where} has {have}{hint}")

@@ -117,9 +117,12 @@ class Grid:
     """
 
     def __init__(self, args: argparse.Namespace, out: Path, processes: int = 1,
-                 run_id: str | None = None, options: dict | None = None):
+                 run_id: str | None = None, options: dict | None = None,
+                 target: dict | None = None):
         """`options`: what `check_values` returned for these arguments (with the command's
-        defaults), where the command already called it; else it is called here."""
+        defaults), where the command already called it; else it is called here. `target`:
+        plan every cell for this TPU topology instead of running it
+        (harness.plan.target.describe), its meshes checked against its devices."""
         import dataclasses
 
         from harness import grid, results, runner
@@ -134,16 +137,29 @@ class Grid:
         self.env, self.environment = runner.cell_environment(self.options.get("cpu_devices"))
         available = {**self.environment,
                      "device_count": self.environment["device_count"] * processes}
+        planned = {}
+        if target is not None:
+            available = {"target": target["target"], "device_count": target["device_count"]}
+            planned = {"plan_target": target["target"], "plan_slices": target["slices"],
+                       "plan_libtpu": target["libtpu"], "trace": False, "parity": False}
         cells = grid.expand(self.options, mesh_sizes=available)
         # Absolute: cells may run elsewhere (an A/B worktree) and records outlive the cwd.
         trace_dir = str((out / "traces").absolute()) if self.options.get("trace") else None
-        self.cells = [dataclasses.replace(c, trace_dir=trace_dir, plugins=plugins)
+        self.cells = [dataclasses.replace(c, trace_dir=trace_dir, plugins=plugins, **planned)
                       for c in cells]
+        if target is not None and target.get("hlo_dir"):
+            from harness.runner import trace_session
+
+            self.cells = [dataclasses.replace(c, plan_hlo_dir=str(
+                (Path(target["hlo_dir"]) / trace_session(self.run_id, c)).absolute()))
+                for c in self.cells]
         self.out, self.timeout_s = out, self.options.get("timeout_s", 600)
         self.finished = 0
-        print(f"parity: {len(self.cells)} cells on {self.environment['backend']} "
-              f"({self.environment['device_count']} x {self.environment['device_kind']}), "
-              f"results -> {out}", flush=True)
+        where = (f"planned for {target['target']} ({target['device_count']} x "
+                 f"{target['device_kind']}, compiled on this host)" if target else
+                 f"on {self.environment['backend']} ({self.environment['device_count']} x "
+                 f"{self.environment['device_kind']})")
+        print(f"parity: {len(self.cells)} cells {where}, results -> {out}", flush=True)
 
     @staticmethod
     def check_values(args: argparse.Namespace, out: Path, processes: int = 1,

@@ -17,9 +17,9 @@ def summary_markdown(rows: list[regression.NightlyRow], threshold: float) -> str
         f"(last {regression.BASELINE_RUNS} runs of the same arm, config and environment) with "
         "the 95% CI of the ratio (bootstrap over runs, then steps) above 1.00 and enough "
         "runs a side for 95% to be reachable (e.g. 4 + 4); or any cost metric (compiled "
-        "FLOPs, bytes accessed, planned peak, executions per step, compiles) above the "
-        "latest comparable run's, "
-        "compared exactly.", "",
+        "FLOPs, bytes accessed, planned peak, executions per step, compiles; with --plan, "
+        "the target's planned peak, resident state, HBM, FLOPs and collective bytes) above "
+        "the latest comparable run's, compared exactly.", "",
         "| cell | status | median ms | history median ms | runs new / old "
         "| ratio new/old [95% CI] | timing verdict | MDE | cost changes |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -40,9 +40,14 @@ def summary_markdown(rows: list[regression.NightlyRow], threshold: float) -> str
         else:
             failed = [r for r in cell.records if not r.ok]
             reason = f": {failed[0].error.reason}" if failed and not cell.ok else ""
+            plan = cell.ok and cell.ok[0].plan
+            what = f"plan on {plan.target}" if plan else "-"
+            changed = (", ".join(ch.metric for ch in c.cost_changes) or "none") if c else "-"
             lines.append(f"| {cell.name} | {row.status}{reason} | "
-                         f"{'-' if median is None else f'{median:.1f}'} | - | - | - | - | - "
-                         "| - |")
+                         f"{'-' if median is None else f'{median:.1f}'} | - | - | - | {what} "
+                         f"| - | {changed} |")
+            if c:
+                notes += [f"- {cell.name}: {ch.text()}" for ch in c.cost_changes]
     if notes:
         lines += ["", "Cost changes and warnings:", *notes]
     if any(row.status == regression.FIRST for row in rows):

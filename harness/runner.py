@@ -204,18 +204,29 @@ def run_one(cell: CellRun, env: dict[str, str], timeout_s: float,
         record = (_failure("crash", f"the zygote forking {cell.arm}'s workers {lost}", stderr)
                   if lost and not ended.wrote_record else classify(ended, timeout_s))
         if record is None:
-            record = Record.from_json(json.loads(out.read_text()), f"cell {cell.arm}")
+            record = Record.from_json(json.loads(out.read_text()), f"cell {cell.arm}",
+                                      whole=False)
             if record.error:
                 record.error.stderr_tail = ended.stderr[-STDERR_TAIL:]
     record.wall_s = elapsed
     return record
 
 
+def cell_json(cell: CellRun) -> str:
+    """`cell` as the worker's --cell JSON: the fields that differ from their defaults, so a
+    worker of an older commit (an A/B side) that lacks a newer field still reads it."""
+    defaults = {f.name: f.default for f in dataclasses.fields(CellRun)}
+    data = dataclasses.asdict(cell)
+    return json.dumps({k: v for k, v in data.items()
+                       if k not in defaults or defaults[k] is dataclasses.MISSING
+                       or v != defaults[k]})
+
+
 def _executed(cell: CellRun, env: dict[str, str], out: Path, err_path: Path,
               timeout_s: float, cwd: Path | None) -> tuple[int | None, int | None]:
     """(exit code or None at the timeout, peak RSS) of `python -m harness.worker`."""
     command = [sys.executable, "-m", "harness.worker", "--cell",
-               json.dumps(dataclasses.asdict(cell)), "--out", str(out)]
+               cell_json(cell), "--out", str(out)]
     env = {**env, SPAWNED_AT: repr(time.time())}
     with err_path.open("w") as stderr:
         proc = subprocess.Popen(command, env=env, stdout=stderr, stderr=subprocess.STDOUT,
@@ -236,7 +247,7 @@ def _forked(zygote: Zygote, cell: CellRun, env: dict[str, str], out: Path, err_p
     """(exit code or None at the timeout, peak RSS) of a worker forked from `zygote`; `env`
     adds to the zygote's only what differs from it."""
     extra = {k: v for k, v in env.items() if zygote.env.get(k) != v}
-    pid = zygote.spawn(json.dumps(dataclasses.asdict(cell)), out, err_path,
+    pid = zygote.spawn(cell_json(cell), out, err_path,
                        {**extra, SPAWNED_AT: repr(time.time())})
     finished = False
     with REAPER.watch("group", pgid=pid):
@@ -333,7 +344,9 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
             record.config_hash = _config_hash(cell)
             record.run = RunOptions(steps=cell.steps, warmup=cell.warmup, trace=cell.trace,
                                     trace_steps=cell.trace_steps, parity=cell.parity,
-                                    trace_hlo=cell.trace_hlo)
+                                    trace_hlo=cell.trace_hlo, plan_target=cell.plan_target,
+                                    plan_slices=cell.plan_slices,
+                                    plan_libtpu=cell.plan_libtpu)
             record.timestamp = datetime.datetime.now(datetime.UTC).isoformat()
             record.ab = ab
             if record.environment is None and environment is not None:

@@ -80,6 +80,14 @@ class CellRun:
     {"auto": True} where JAX detects the cluster, e.g. Cloud TPU); None = one process."""
     heartbeat_s: int = 30
     """jax.distributed heartbeat timeout: how long a dead peer goes unnoticed."""
+    plan_target: str | None = None
+    """Plan the cell for this TPU topology instead of running it (harness.plan.cell)."""
+    plan_slices: int = 1
+    """Slices of `plan_target`."""
+    plan_libtpu: str | None = None
+    """The libtpu version the runner's probe found (recorded with the plan)."""
+    plan_hlo_dir: str | None = None
+    """Where a plan writes each executable's optimized HLO text (`<executable>.hlo.txt`)."""
 
 
 SPAWNED_AT = "PARITY_SPAWNED_AT"
@@ -200,6 +208,10 @@ def run_cell(run: CellRun, phases: Phases | None = None) -> Record:
     phases = phases or Phases()
     for module in run.plugins:
         importlib.import_module(module)
+    if run.plan_target:
+        from harness.plan.cell import plan_cell
+
+        return plan_cell(run, phases)
     from arms.registry import preload
     from arms.spec import CellSpec
 

@@ -36,7 +36,7 @@ class Cell:
     @property
     def runs(self) -> list[list[float]]:
         """Per-step times of every run that finished."""
-        return [r.timing.step_ms for r in self.ok]
+        return [r.timing.step_ms for r in self.ok if r.timing]
 
     @property
     def median_ms(self) -> float | None:
@@ -53,8 +53,8 @@ def cells(records: Sequence[Record]) -> list[Cell]:
             for key, group in groups.items()]
 
 
-FAILED, FIXED, ONLY_OLD, ONLY_NEW = ("failed", "fixed (failed in old)", "only in old",
-                                     "only in new")
+FAILED, FIXED, ONLY_OLD, ONLY_NEW, PLANNED = ("failed", "fixed (failed in old)",
+                                             "only in old", "only in new", "plan (exact)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -67,7 +67,8 @@ class CellComparison:
     timing: stats.Comparison | None
     verdict: str
     """stats.verdict of the timings, or failed (no run of NEW ran), fixed (OLD had no run,
-    NEW has: not a regression), only in old / only in new."""
+    NEW has: not a regression), only in old / only in new, or plan (exact): plans of both,
+    compared by their figures alone."""
     cost_changes: list[costs.CostChange]
     warnings: list[str]
 
@@ -87,15 +88,19 @@ class CellComparison:
 def compare_cells(old: Cell, new: Cell, *, paired: bool = False,
                   min_effect: float = stats.MIN_EFFECT) -> CellComparison:
     warnings = [f"{side}: {w}" for side, cell in (("old", old), ("new", new))
-                for w in ([*stats.warnings(cell.runs), *costs.nondeterministic(cell.ok)]
-                          if cell.runs else [])]
+                for w in ([*(stats.warnings(cell.runs) if cell.runs else []),
+                           *costs.nondeterministic(cell.ok)] if cell.ok else [])]
     failed = _counted(f"{side}: {r.error.reason}: {r.error.message}"
                       for side, cell in (("old", old), ("new", new))
                       for r in cell.records if not r.ok)
-    if not old.runs or not new.runs:
+    if not old.ok or not new.ok:
         return CellComparison(name=new.name, old=old, new=new, timing=None,
-                              verdict=FIXED if new.runs else FAILED,
+                              verdict=FIXED if new.ok else FAILED,
                               cost_changes=[], warnings=failed + warnings)
+    if not old.runs or not new.runs:  # plans: no timing, every figure exact
+        return CellComparison(name=new.name, old=old, new=new, timing=None, verdict=PLANNED,
+                              cost_changes=costs.changes(old.ok, new.ok),
+                              warnings=failed + warnings)
     pair = paired and len(old.runs) == len(new.runs)
     timing = stats.compare(old.runs, new.runs, paired=pair)
     return CellComparison(name=new.name, old=old, new=new, timing=timing,

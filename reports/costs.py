@@ -21,6 +21,19 @@ METRICS: dict[str, tuple[str, Callable[[Record], float | None]]] = {
     "planned_peak_bytes": ("B", lambda r: r.memory and r.memory.planned_bytes),
     "executions_per_step": ("", lambda r: r.timing and r.timing.executions_per_step),
     "compiles": ("", lambda r: r.timing and r.timing.compiles),
+    # A plan's figures for its target (harness.plan): per device, exact for given versions.
+    "plan_peak_bytes": ("B", lambda r: r.plan and r.plan.planned_peak_bytes),
+    "plan_resident_bytes": ("B", lambda r: r.plan and sum(r.plan.resident_bytes.values())),
+    "plan_hbm_bytes_per_step": ("B", lambda r: r.plan and r.plan.hbm_bytes_per_step),
+    "plan_flops_per_step": ("FLOP", lambda r: r.plan and r.plan.flops_per_step),
+    "plan_collective_bytes_per_step": (
+        "B", lambda r: r.plan and r.plan.collective_bytes_per_step
+        and sum(r.plan.collective_bytes_per_step.values())),
+    **{f"plan_{kind.replace('-', '_')}_bytes_per_step": (
+        "B", lambda r, kind=kind: r.plan and r.plan.collective_bytes_per_step
+        and r.plan.collective_bytes_per_step.get(kind))
+       for kind in ("all-gather", "reduce-scatter", "all-reduce", "all-to-all",
+                    "collective-permute")},
 }
 """name -> (unit, how to read it from a record). Every metric is 'lower is better'."""
 

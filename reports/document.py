@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from reports import baseline, plots, stats, summary, tables
+from reports import baseline, plan, plots, stats, summary, tables
 from reports.records import read_dir, to_frame
 
 
@@ -122,9 +122,17 @@ def render(results: str | Path, output: str | Path, *, baseline_arm: str | None 
             prefix = f"env{index}_" if len(groups) > 1 else ""
             if len(groups) > 1:
                 parts.append(f"## Environment {index}")
-            group = group.reset_index(drop=True)
-            arm, how = _baseline(group, baseline_arm)
-            parts.append(_section(group, image_dir, prefix, arm, how, embed_images))
+            planned = group["plan_target"].notna()
+            timed = group[~planned].reset_index(drop=True)
+            if not timed.empty:
+                arm, how = _baseline(timed, baseline_arm)
+                parts.append(_section(timed, image_dir, prefix, arm, how, embed_images))
+            if planned.any():
+                plans = group[planned].reset_index(drop=True)
+                arm, _ = _baseline(plans, baseline_arm)
+                parts.append(plan.section(
+                    plans, image_dir, prefix, arm,
+                    lambda title, path: _image(title, path, embed_images)))
     text = "\n\n".join(parts) + "\n"
     output.write_text(text)
     return text

@@ -15,16 +15,18 @@ reports never import the harness), and it imports nothing but the standard libra
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any
 
-SCHEMA = 3
+SCHEMA = 4
 """Version of the layout `to_json` writes. 1: the environment was `fingerprint`, the
 compiled cost `flops`, the step statistics `timing.summary`, the data digest
 `parity.data_fingerprint`, the executions `timing.executions_per_step_dispatched`.
 2: XLA's compiled FLOPs and bytes were not loop-aware (a while-loop body counted once), there
-were no model FLOPs, and the round lived only in the A/B tag."""
+were no model FLOPs, and the round lived only in the A/B tag. 3: there were no plans (no
+`plan` section, no `run.plan_target`)."""
 
 
 class RecordError(ValueError):
@@ -69,6 +71,14 @@ class RunOptions:
     trace_hlo: bool = False
     """The traced window was captured with the HLO proto (xprof's memory_viewer and
     graph_viewer work on it)."""
+    plan_target: str | None = None
+    """A plan record: the TPU topology the cell was compiled for (`parity plan`); it was not
+    run, and has a `plan` section instead of timing."""
+    plan_slices: int = 1
+    """Slices of `plan_target`."""
+    plan_libtpu: str | None = None
+    """The libtpu (the TPU compiler) version that planned it: plans of other versions are
+    not compared."""
 
 
 @_section
@@ -235,6 +245,73 @@ class Trace:
 
 
 @_section
+class ExecutablePlan:
+    """One executable of a plan: XLA's memory analysis for the target (bytes per device)
+    and what one call moves and computes (harness.plan.hlo; per device)."""
+
+    calls_per_step: int
+    argument: int
+    output: int
+    alias: int
+    temp: int
+    peak_memory_in_bytes: int
+    """XLA's own peak of the executable's buffer assignment."""
+    host_temp: int
+    held_bytes: int
+    """Train state in HBM while it runs that is not one of its arguments (the optimizer
+    moments while a split fwd/bwd runs)."""
+    hbm_bytes: float | None
+    """Bytes one call reads from and writes to HBM (memory space 0), loops counted."""
+    flops: float | None
+    """Matmul FLOPs of one call, loops counted."""
+    collective_bytes: dict[str, float] | None
+    """One call's collective bytes by kind (all-gather: the gathered result; others: the
+    operands), loops counted."""
+    trip_counts: list[int]
+    unavailable: str | None = None
+    """Why hbm_bytes, flops and collective_bytes are None (a loop of unreadable length)."""
+
+
+@_section
+class Plan:
+    """XLA's plan of the cell's step for a TPU topology, compiled without its hardware: the
+    compiler's static buffer assignment and cost model, an upper bound on peak HBM, never a
+    measurement. Exact: the same code and versions give the same figures."""
+
+    target: str
+    slices: int
+    device_kind: str
+    device_count: int
+    libtpu: str | None
+    mesh: dict[str, int]
+    """The cell's mesh axes on the target."""
+    hbm_capacity_bytes: int | None
+    """HBM one device may use, as XLA:TPU states it (harness.plan.target.available_hbm)."""
+    executables: dict[str, ExecutablePlan]
+    resident_bytes: dict[str, int]
+    """Train state the trainer holds in HBM between executables, per device, by part
+    (params, opt_state, accumulator, rest)."""
+    planned_peak_bytes: int
+    """Max over the executables a step runs of argument + output + temp - alias + held."""
+    peak_executable: str
+    xla_peak_bytes: int
+    """Max over the same executables of XLA's peak_memory_in_bytes + held."""
+    hbm_bytes_per_step: float | None
+    flops_per_step: float | None
+    """Matmul FLOPs per step per device (remat recompute included)."""
+    model_flops_per_step: float
+    """The analytic model FLOPs of the step's tokens (all devices; harness.flops)."""
+    collective_bytes_per_step: dict[str, float] | None
+    fits: bool | None
+    """planned_peak_bytes <= hbm_capacity_bytes (None: capacity unknown)."""
+    compile_s: float
+    host_peak_rss_bytes: int | None
+    """The plan process's peak resident memory on the host."""
+    hlo_dir: str | None = None
+    """Where each executable's optimized HLO text was written (`parity plan --save-hlo`)."""
+
+
+@_section
 class Environment:
     """What must match for two records to be compared (and where they ran)."""
 
@@ -312,6 +389,8 @@ class Record:
     round: int = 0
     """Index of this process among the cell's interleaved rounds in its run."""
     ab: ABTag | None = None
+    plan: Plan | None = None
+    """A plan record's plan (run.plan_target says for which target)."""
     phases: dict[str, float] | None = None
     """Wall seconds of each phase of the cell's process, in order (harness.worker.Phases):
     start (interpreter start-up, or the fork from a zygote), imports, backend, build,
@@ -327,7 +406,11 @@ class Record:
         """Records with equal keys measured the same work the same way in comparable
         environments: their samples may be pooled or compared."""
         env = self.environment.comparable_key() if self.environment else None
-        run = (self.run.steps, self.run.warmup) if self.run else None
+        run = None
+        if self.run and self.run.plan_target:  # a plan: its target, not how it would be run
+            run = ("plan", self.run.plan_target, self.run.plan_slices, self.run.plan_libtpu)
+        elif self.run:
+            run = (self.run.steps, self.run.warmup)
         return (self.arm, self.config_hash, run, env)
 
     def to_json(self) -> dict[str, Any]:
@@ -335,12 +418,42 @@ class Record:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: Any, where: str = "record") -> Record:
+    def from_json(cls, data: Any, where: str = "record", *, whole: bool = True) -> Record:
         """A validated record from JSON data of any schema version; `where` (e.g.
-        'results.jsonl:3') prefixes every error."""
+        'results.jsonl:3') prefixes every error. `whole`: a stored record, also `check`ed
+        (a worker's own part, before the runner adds how it ran, is not)."""
         if not isinstance(data, dict):
             raise RecordError(f"{where}: not a parity record (a JSON object is expected)")
-        return _build(cls, upgrade(data, where), where, "")
+        record = _build(cls, upgrade(data, where), where, "")
+        if whole:
+            record.check(where)
+        return record
+
+    def check(self, where: str = "record") -> None:
+        """Raises RecordError for a record no writer produces: an unknown status, a failure
+        without its reason, a result without its measurements (timing, or a plan's plan),
+        a timed window with no steps or a step time that is not a finite number."""
+        if self.status not in ("ok", "failed"):
+            raise RecordError(f"{where}: field 'status': {self.status!r} is neither 'ok' nor "
+                              "'failed'")
+        if self.status == "failed":
+            if self.error is None:
+                raise RecordError(f"{where}: field 'error': a failed record says why it failed")
+            return
+        if self.run is not None and self.run.plan_target:
+            if self.plan is None:
+                raise RecordError(f"{where}: field 'plan': an ok plan record (run.plan_target "
+                                  f"{self.run.plan_target}) holds its plan")
+            return
+        if self.timing is None:
+            raise RecordError(f"{where}: field 'timing': an ok record holds its timing")
+        if not self.timing.step_ms:
+            raise RecordError(f"{where}: field 'timing.step_ms': an ok record has at least "
+                              "one timed step")
+        bad = [i for i, ms in enumerate(self.timing.step_ms) if not math.isfinite(ms)]
+        if bad:
+            raise RecordError(f"{where}: field 'timing.step_ms[{bad[0]}]': "
+                              f"{self.timing.step_ms[bad[0]]} is not a finite time")
 
 
 def cell_name(arm: str | None, spec: Spec | None) -> str:
@@ -356,6 +469,8 @@ def upgrade(data: dict, where: str = "record") -> dict:
     schema = data.get("schema")
     if schema == SCHEMA:
         return data
+    if schema == 3:  # schema 4 only added fields (plans), with defaults
+        return dict(data, schema=SCHEMA)
     if schema == 2:
         return _upgrade_2(data)
     if schema != 1:
@@ -383,7 +498,7 @@ def upgrade(data: dict, where: str = "record") -> dict:
 
 
 def _upgrade_2(data: dict) -> dict:
-    """Schema 2 -> 3. Its compiled FLOPs and bytes counted a while-loop body once, so they
+    """Schema 2 -> 4. Its compiled FLOPs and bytes counted a while-loop body once, so they
     are dropped as unavailable rather than carried over silently low."""
     data = dict(data, schema=SCHEMA)
     if data.get("ab"):

@@ -101,7 +101,8 @@ def _row(records: list[Record]) -> dict:
     spec, env, run = r.spec, r.environment, r.run
     timing, cost, memory = r.timing, r.cost, r.memory
     parity, trace = _first(records, "parity"), _first(records, "trace")
-    runs = [x.timing.step_ms for x in records if x.ok and x.timing.step_ms]
+    timed = [x for x in records if x.ok and x.timing]  # a plan record has no timing
+    runs = [x.timing.step_ms for x in timed if x.timing.step_ms]
     center = stats.median_ci(runs) if runs else None
     flops_per_s = (cost.model_flops_per_step / (center.median / 1e3)
                    if cost and cost.model_flops_per_step and center else None)
@@ -116,21 +117,21 @@ def _row(records: list[Record]) -> dict:
         "git_sha": env.git_sha if env else None, "git_dirty": env.git_dirty if env else None,
         "device_count": env.device_count if env else None,
         "steps": run.steps, "warmup": run.warmup, "traced_window": run.trace,
+        "plan_target": run.plan_target, **_plan_columns(_first(records, "plan")),
         "runs": runs, "rounds": len(runs),
-        "round_ids": [(x.run_id, x.round) for x in records if x.ok],
+        "round_ids": [(x.run_id, x.round) for x in timed],
         "step_ms": [t for run_ms in runs for t in run_ms],
         "median_ms": center and center.median, "median_low": center and center.low,
         "median_high": center and center.high,
         "warnings": stats.warnings(runs) if runs else [],
-        "mean_ms": _mean([x.timing.stats.mean_ms for x in records if x.ok]),
-        "max_ms": max((x.timing.stats.max_ms for x in records if x.ok), default=None),
+        "mean_ms": _mean([x.timing.stats.mean_ms for x in timed]),
+        "max_ms": max((x.timing.stats.max_ms for x in timed), default=None),
         "p90_ms": timing and timing.stats.p90_ms,
         "cv": max((stats.cv(run_ms) for run_ms in runs), default=None),
         "tokens_per_s": (timing.tokens_per_step / (center.median / 1e3)
                          if timing and center else None),
         "compile_s": timing and timing.compile_s,
-        "recompiles": max((x.timing.recompiles_after_warmup for x in records if x.ok),
-                          default=None),
+        "recompiles": max((x.timing.recompiles_after_warmup for x in timed), default=None),
         "compiles": timing and timing.compiles,
         "executions_per_step": timing and timing.executions_per_step,
         "gc_count": timing and timing.gc.count, "gc_ms": timing and timing.gc.total_ms,
@@ -152,6 +153,24 @@ def _row(records: list[Record]) -> dict:
         "calls_per_step": cost.calls_per_step if cost else {},
         **_parity_columns(parity), **_trace_columns(trace),
         "parity_verdict": judge(r.arm, spec, parity),
+    }
+
+
+def _plan_columns(p) -> dict:
+    """A plan record's figures (None elsewhere); bytes are per device."""
+    collectives = p and p.collective_bytes_per_step
+    return {
+        "plan_device_kind": p and p.device_kind, "plan_capacity": p and p.hbm_capacity_bytes,
+        "plan_peak": p and p.planned_peak_bytes, "plan_peak_executable": p and p.peak_executable,
+        "plan_xla_peak": p and p.xla_peak_bytes, "plan_fits": p and p.fits,
+        "plan_resident": dict(p.resident_bytes) if p else {},
+        "plan_hbm_per_step": p and p.hbm_bytes_per_step,
+        "plan_flops_per_step": p and p.flops_per_step,
+        "plan_collectives": dict(collectives) if collectives else {},
+        "plan_collective_bytes": sum(collectives.values()) if collectives else None,
+        "plan_executables": dict(p.executables) if p else {},
+        "plan_compile_s": p and p.compile_s, "plan_host_rss": p and p.host_peak_rss_bytes,
+        "plan_libtpu": p and p.libtpu,
     }
 
 

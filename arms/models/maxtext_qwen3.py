@@ -36,7 +36,7 @@ from jax.sharding import AxisType, Mesh
 from arms.models import compiled_module
 from arms.models.paths import get_path, set_path
 from engine.model import Decoder, DecoderConfig, build_decoder
-from engine.model.sharding import MESH_AXES, check_fits, named_shardings
+from engine.model.sharding import MESH_AXES, abstract_on, check_fits, named_shardings
 
 INSTALL_HINT = ("the maxtext arms need the `maxtext` package (Python 3.12; `make` installs "
                 "maxtext==0.2.5 without its extras into .venv)")
@@ -95,10 +95,12 @@ def check_expressible(config: DecoderConfig) -> None:
 
 
 def maxtext_config(config: DecoderConfig, *, mesh_shape: dict[str, int] | None = None,
-                   seq: int = 32, **overrides: Any):
+                   seq: int = 32, platform: str | None = None, **overrides: Any):
     """MaxText's `HyperParameters` for our `config`: base.yml + qwen3 + our dimensions.
 
     `mesh_shape` gives the ici data/fsdp/tensor sizes (every other MaxText axis is 1);
+    `platform` is the one the model is compiled for (default: JAX's backend; a plan for a
+    TPU topology passes "tpu");
     `overrides` are further MaxText keys (e.g. the optimizer's, for its training engine).
     Nothing is written outside a temp dir: no compile cache, profile, checkpoint or goodput.
     """
@@ -119,8 +121,7 @@ def maxtext_config(config: DecoderConfig, *, mesh_shape: dict[str, int] | None =
         max_target_length=seq, per_device_batch_size=1,
         ici_data_parallelism=sizes["data"], ici_fsdp_parallelism=sizes["fsdp"],
         ici_tensor_parallelism=sizes["tensor"], dcn_data_parallelism=1,
-        hardware="cpu" if jax.default_backend() == "cpu" else "gpu"
-        if jax.default_backend() == "gpu" else "tpu",
+        hardware=_HARDWARE.get(platform or jax.default_backend(), "tpu"),
         attention="dot_product", dropout_rate=0.0,
         enable_checkpointing=False, run_name="parity",
         base_output_directory=_run_root(),
@@ -140,6 +141,15 @@ def maxtext_config(config: DecoderConfig, *, mesh_shape: dict[str, int] | None =
             os.environ.pop("XLA_FLAGS", None)
         else:
             os.environ["XLA_FLAGS"] = flags
+
+
+_HARDWARE = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu"}
+"""JAX platform -> MaxText's `hardware` (anything else is a TPU)."""
+
+
+def mesh_platform(mesh: Mesh) -> str:
+    """The platform of `mesh`'s devices ("tpu" for a topology's compile-only devices)."""
+    return mesh.devices.flat[0].platform
 
 
 def maxtext_mesh(mesh: Mesh, mx_config) -> Mesh:
@@ -297,6 +307,23 @@ def build_transformer(config: DecoderConfig, mesh: Mesh | None = None, *, seq: i
     check_shardable(abstract, mx_mesh, mx_config)
     transformer = compiled_module(create, abstract)
     return transformer, mx_config, mx_mesh
+
+
+def abstract_maxtext(config: DecoderConfig, mesh: Mesh, *, seq: int = 32) -> MaxTextDecoder:
+    """MaxText's Transformer for `config` as shapes on `mesh`'s devices (MaxText's mesh and
+    rules, as `build_transformer` lays out real weights); nothing is allocated."""
+    _, _, model_creation_utils = require_maxtext()
+    check_fits(config, mesh)
+    mx_config = maxtext_config(config, mesh_shape=dict(mesh.shape), seq=seq,
+                               platform=mesh_platform(mesh))
+    mx_mesh = maxtext_mesh(mesh, mx_config)
+    abstract = nnx.eval_shape(lambda: model_creation_utils.from_config(
+        mx_config, mesh=mx_mesh, rngs=nnx.Rngs(params=0, dropout=1)))
+    check_shardable(abstract, mx_mesh, mx_config)
+    graph, state = nnx.split(abstract)
+    transformer = nnx.merge(graph, abstract_on(state, named_shardings(state, mx_mesh,
+                                                                       rules(mx_config))))
+    return MaxTextDecoder(config, transformer, mx_config, mx_mesh)
 
 
 def to_maxtext(decoder: Decoder, mesh: Mesh | None = None, *, seq: int = 32) -> MaxTextDecoder:

@@ -16,7 +16,7 @@ from jax.sharding import Mesh
 from arms.models import compiled_module
 from arms.models.paths import get_path, set_path
 from engine.model import Decoder, DecoderConfig, attention_mask, build_decoder
-from engine.model.sharding import check_fits
+from engine.model.sharding import abstract_on, check_fits
 
 BATCH = ("data", "fsdp")
 
@@ -156,6 +156,14 @@ def to_tunix(decoder: Decoder, *, mesh: Mesh | None = None) -> TunixDecoder:
     if mesh is not None:
         place(model, mesh)
     return model
+
+
+def abstract_tunix(config: DecoderConfig, mesh: Mesh) -> TunixDecoder:
+    """Tunix's Qwen3 for `config` as shapes laid out on `mesh` per its own sharding metadata
+    (as `place` lays out real weights); nothing is allocated."""
+    check_fits(config, mesh)
+    graph, state = nnx.split(nnx.eval_shape(lambda: TunixDecoder(config, rngs=nnx.Rngs(0))))
+    return nnx.merge(graph, abstract_on(state, nnx.get_named_sharding(state, mesh)))
 
 
 def from_tunix(model: TunixDecoder, config: DecoderConfig) -> Decoder:

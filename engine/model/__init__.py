@@ -3,6 +3,7 @@
 from engine.model.config import PRESETS, DecoderConfig, get_preset
 from engine.model.decoder import (
     Decoder,
+    abstract_decoder,
     attention_mask,
     build_decoder,
     param_count,
@@ -11,6 +12,7 @@ from engine.model.decoder import (
 from engine.model.sharding import (
     LOGICAL_AXIS_RULES,
     MESH_AXES,
+    abstract_on,
     batch_sharding,
     check_fits,
     constrain,
@@ -23,7 +25,8 @@ from engine.model.sharding import (
 )
 
 __all__ = [
-    "LOGICAL_AXIS_RULES", "MESH_AXES", "PRESETS", "Decoder", "DecoderConfig", "attention_mask",
+    "LOGICAL_AXIS_RULES", "MESH_AXES", "PRESETS", "Decoder", "DecoderConfig", "abstract_decoder",
+    "abstract_on", "attention_mask",
     "batch_sharding", "build_decoder", "check_fits", "constrain", "get_preset", "make_mesh",
     "named_shardings", "optimizer_shardings", "param_count", "parse_mesh_spec",
     "run_once_options", "shard_model", "sharding_context",

@@ -22,6 +22,7 @@ from engine.model.config import DecoderConfig
 from engine.model.sharding import (
     LOGICAL_AXIS_RULES,
     LogicalRules,
+    abstract_on,
     check_fits,
     constrain,
     named_shardings,
@@ -234,6 +235,16 @@ def build_decoder(config: DecoderConfig, *, seed: int = 0, mesh: Mesh | None = N
         check_fits(config, mesh)
     graph, init = _initializer(config, seed, mesh, rules)
     return nnx.merge(graph, init())
+
+
+def abstract_decoder(config: DecoderConfig, mesh: Mesh,
+                     rules: LogicalRules = LOGICAL_AXIS_RULES) -> Decoder:
+    """A decoder of `config` whose variables are shapes laid out on `mesh` (no weights): what
+    a program needs to be traced and compiled for a mesh, including one of devices this host
+    does not have (a TPU topology's compile-only devices)."""
+    check_fits(config, mesh)
+    graph, state = nnx.split(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0))))
+    return nnx.merge(graph, abstract_on(state, named_shardings(state, mesh, rules)))
 
 
 @functools.lru_cache(maxsize=4)

@@ -190,6 +190,20 @@ def on_mesh(tree, mesh: Mesh):
                         is_leaf=lambda x: isinstance(x, (NamedSharding, jax.ShapeDtypeStruct)))
 
 
+def abstract_on(tree, shardings):
+    """`tree` as `jax.ShapeDtypeStruct`s (same shapes and dtypes) laid out by `shardings`:
+    the train state of a program that is compiled but never run (a plan for a target whose
+    devices this host does not have). Nothing is allocated."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        tree, shardings)
+
+
+def is_abstract(tree) -> bool:
+    """Whether `tree` holds shapes only (`jax.ShapeDtypeStruct`), no arrays."""
+    leaves = jax.tree.leaves(tree)
+    return bool(leaves) and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+
+
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
     """Sharding of a [batch, ...] input: batch over the data-parallel axes, rest replicated."""
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))

@@ -20,7 +20,7 @@ from arms.workload import TokenCrossEntropy, exact_gradient, rel_l2
 from engine.kernels import MicroBatchMetrics
 from engine.metrics import MetricsRecorder
 from engine.model import build_decoder, get_preset, make_mesh
-from harness import tpu_plan
+from harness.plan import hlo
 from tests.engine.conftest import bytes_per_device, ragged_batches, traced_executions
 
 
@@ -269,7 +269,7 @@ def test_hbm_bytes_is_xla_bytes_accessed_where_there_is_no_on_chip_memory(engine
         compiled = engine.kernels["update"].compiled
         assert "conditional(" in compiled.as_text()
         xla = compiled.cost_analysis()["bytes accessed"]
-        assert abs(tpu_plan.hbm_bytes(compiled.as_text()) - xla) <= 4096 < xla / 100
+        assert abs(hlo.hbm_bytes(compiled.as_text()) - xla) <= 4096 < xla / 100
 
 
 def test_item09_metric_write_is_deferred_past_the_next_dispatch(engine_factory, monkeypatch):

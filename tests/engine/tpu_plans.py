@@ -10,27 +10,27 @@ import json
 import sys
 
 from engine.model import make_mesh
-from harness import tpu_plan
+from harness.plan import hlo, target
 from tests.engine.conftest import bytes_per_device, make_engine, ragged_batches
 
 
 def plan(mesh: str) -> dict:
     engine = make_engine(ga=2, mesh=mesh, example=ragged_batches(batch_size=4)[0])
-    devices = tpu_plan.topology_devices(tpu_plan.TPU7X)
-    target = tpu_plan.mesh_like(engine.mesh, devices)
+    devices = target.topology_devices(target.TPU7X)
+    tpu_mesh = target.mesh_like(engine.mesh, devices)
     # Every kernel (the split ones and the fused step with its GA scan) must lower and compile.
-    plans = {name: tpu_plan.compile_plan(kernel.lower_for(target))
+    plans = {name: target.compile_plan(kernel.lower_for(tpu_mesh))
              for name, kernel in engine.kernels.items()}
     update = plans["update"].as_text()
     try:
         engine.kernels["update"].lower_for(
-            tpu_plan.mesh_like(make_mesh("fsdp=2,tensor=2"), devices))
+            target.mesh_like(make_mesh("fsdp=2,tensor=2"), devices))
         refusal = None
     except ValueError as err:
         refusal = str(err)
     param_bytes = bytes_per_device(engine.params)
     return {"mesh": mesh, "kernels": sorted(plans), "param_bytes": param_bytes,
-            "update_hbm_bytes": tpu_plan.hbm_bytes(update),
+            "update_hbm_bytes": hlo.hbm_bytes(update),
             "update_xla_bytes": plans["update"].cost_analysis()["bytes accessed"],
             "update_stages_through_vmem": "S(1)" in update, "other_mesh_refused": refusal}
 

@@ -42,13 +42,32 @@ def test_a_cell_spec_with_ragged_counts_is_a_valid_spec_section():
     (lambda r: r["timing"]["stats"].update(cv="high"), "field 'timing.stats.cv': expected float"),
     (lambda r: r["run"].update(steps=True), "field 'run.steps': expected int"),
     (lambda r: r.update(colour="red"), "unknown field 'colour'"),
-    (lambda r: r.update(schema=99), "schema 99, this version reads 1-3"),
+    (lambda r: r.update(schema=99), "schema 99, this version reads 1-4"),
+    # Records that pass the schema but that no writer produces (an impossible result).
+    (lambda r: r.update(status="weird"), "field 'status': 'weird' is neither"),
+    (lambda r: r.update(timing=None), "field 'timing': an ok record holds its timing"),
+    (lambda r: r["timing"].update(step_ms=[]), "field 'timing.step_ms': an ok record has"),
+    (lambda r: r["timing"].update(step_ms=[1.0, float("nan")]),
+     r"field 'timing.step_ms\[1\]': nan is not a finite time"),
+    (lambda r: r.update(status="failed", error=None), "field 'error': a failed record says"),
+    (lambda r: r["run"].update(plan_target="tpu7x:2x2x1"), "field 'plan': an ok plan record"),
 ])
 def test_a_bad_record_names_where_and_the_field(change, message):
     raw = Record.from_json(_v1_lines()[0]).to_json()
     change(raw)
     with pytest.raises(RecordError, match=rf"r.jsonl:7: .*{message}"):
         Record.from_json(raw, "r.jsonl:7")
+
+
+def test_schema_3_reads_as_a_record_that_is_not_a_plan():
+    raw = Record.from_json(_v1_lines()[0]).to_json()
+    for key in ("plan_target", "plan_slices", "plan_libtpu"):
+        raw["run"].pop(key)
+    raw.pop("plan")
+    raw["schema"] = 3
+    record = Record.from_json(raw)
+    assert record.schema == SCHEMA == 4
+    assert record.plan is None and record.run.plan_target is None
 
 
 def test_schema_2_moves_the_ab_round_to_the_record():

@@ -1,0 +1,127 @@
+"""Plans one cell in this process: the arm's step compiled for the target, then read.
+
+Order: imports -> the target's compile-only devices (libtpu loaded) -> the arm's plan
+(`Arm.plan`: an abstract build compiled for the target; nothing is materialized and no
+gradient capture is chained in, so the state is what the trainer itself holds) -> each
+executable's memory analysis and HLO counts (`harness.plan.hlo`) -> the record's `plan`.
+
+Planned peak per device = the maximum, over the executables a step runs, of that
+executable's argument + output + temp - alias bytes plus the train state that stays in HBM
+while it runs without being one of its arguments (`ArmPlan.held`: the optimizer moments
+during a split fwd/bwd; nothing for a single-jit step). XLA's own `peak_memory_in_bytes` of
+the same executable, plus the same held state, is recorded beside it.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+
+import jax
+
+from reports.record import ExecutablePlan, Plan, Record
+
+
+def bytes_per_device(tree) -> int:
+    """Bytes one device holds of `tree` (shapes with shardings): each leaf's shard, a leaf
+    without a sharding (or replicated) whole."""
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        sharding = getattr(leaf, "sharding", None)
+        shape = sharding.shard_shape(leaf.shape) if sharding is not None else leaf.shape
+        total += math.prod(shape) * leaf.dtype.itemsize  # a PRNG key's too (key<fry>: 8)
+    return total
+
+
+def executable_plan(compiled, calls: int, held_bytes: int) -> ExecutablePlan:
+    """One executable's memory analysis and HLO counts (one call, per device)."""
+    from harness.plan import hlo
+
+    memory = compiled.memory_analysis()
+    try:
+        counted, why = hlo.costs(compiled.as_text()), None
+    except hlo.Unavailable as err:
+        counted, why = None, str(err)
+    return ExecutablePlan(
+        calls_per_step=calls, argument=memory.argument_size_in_bytes,
+        output=memory.output_size_in_bytes, alias=memory.alias_size_in_bytes,
+        temp=memory.temp_size_in_bytes, peak_memory_in_bytes=memory.peak_memory_in_bytes,
+        host_temp=memory.host_temp_size_in_bytes, held_bytes=held_bytes,
+        hbm_bytes=counted and counted.hbm_bytes, flops=counted and counted.flops,
+        collective_bytes=counted and dict(counted.collective_bytes),
+        trip_counts=counted.trip_counts if counted else [], unavailable=why)
+
+
+def _per_step(executables: dict[str, ExecutablePlan], read) -> float | None:
+    values = [(e.calls_per_step, read(e)) for e in executables.values() if e.calls_per_step]
+    if any(v is None for _, v in values):
+        return None
+    return sum(calls * v for calls, v in values)
+
+
+def summarize(arm_plan, *, target: dict, mesh: dict[str, int], model_flops: float,
+              compile_s: float) -> Plan:
+    """The record's plan section from an arm's plan and the target's description."""
+    resident = {part: bytes_per_device(tree) for part, tree in arm_plan.state.items()}
+    executables = {
+        name: executable_plan(compiled, arm_plan.calls_per_step.get(name, 0),
+                              sum(resident[p] for p in arm_plan.held.get(name, ())))
+        for name, compiled in arm_plan.executables.items()}
+    running = {n: e for n, e in executables.items() if e.calls_per_step}
+    planned = {n: e.argument + e.output + e.temp - e.alias + e.held_bytes
+               for n, e in running.items()}
+    peak_name = max(planned, key=planned.get)
+    kinds = next(iter(running.values())).collective_bytes or {}
+    collectives = {kind: _per_step(running, lambda e, k=kind: e.collective_bytes
+                                   and e.collective_bytes[k]) for kind in kinds}
+    capacity = target.get("hbm_capacity_bytes")
+    return Plan(
+        target=target["target"], slices=target["slices"], device_kind=target["device_kind"],
+        device_count=target["device_count"], libtpu=target["libtpu"], mesh=mesh,
+        hbm_capacity_bytes=capacity, executables=executables, resident_bytes=resident,
+        planned_peak_bytes=planned[peak_name], peak_executable=peak_name,
+        xla_peak_bytes=max(e.peak_memory_in_bytes + e.held_bytes for e in running.values()),
+        hbm_bytes_per_step=_per_step(running, lambda e: e.hbm_bytes),
+        flops_per_step=_per_step(running, lambda e: e.flops),
+        model_flops_per_step=model_flops,
+        collective_bytes_per_step=(None if any(v is None for v in collectives.values())
+                                   else collectives),
+        fits=None if capacity is None else planned[peak_name] <= capacity,
+        compile_s=compile_s,
+        host_peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+def plan_cell(run, phases) -> Record:
+    """The plan record of cell `run` (a `harness.worker.CellRun` with `plan_target`)."""
+    from arms.registry import make_arm, preload
+    from arms.spec import CellSpec
+    from harness.flops import model_flops_per_step
+    from harness.plan import target
+
+    spec = CellSpec.from_dict(run.spec)
+    preload(run.arm)
+    phases.end("imports")
+    devices = target.topology_devices(run.plan_target, run.plan_slices)
+    described = target.describe(run.plan_target, run.plan_slices)
+    phases.end("backend")
+    arm = make_arm(run.arm, spec, devices=devices, capture=False)
+    mesh = {name: int(size) for name, size in arm.mesh.shape.items()}  # the cell's axes
+    start = time.perf_counter()
+    arm_plan = arm.plan()
+    compile_s = time.perf_counter() - start
+    phases.end("compile")
+    if run.plan_hlo_dir:
+        from pathlib import Path
+
+        directory = Path(run.plan_hlo_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, compiled in arm_plan.executables.items():
+            (directory / f"{name}.hlo.txt").write_text(compiled.as_text())
+    plan = summarize(arm_plan, target=described, mesh=mesh,
+                     model_flops=model_flops_per_step(spec.model_config(), batch=spec.batch,
+                                                      seq=spec.seq),
+                     compile_s=compile_s)
+    phases.end("cost")
+    plan.hlo_dir = run.plan_hlo_dir
+    return Record(about=arm.about(), plan=plan)
