@@ -1,12 +1,13 @@
-"""What an arm hands the planner: its executables compiled for a mesh from shapes alone.
+"""What an arm hands the planner: its executables lowered for a mesh from shapes alone.
 
 An arm plans (`Arm.plan`) through its own code path, on a model whose variables are shapes
 laid out on the target mesh (`abstract_model`): our engine's kernels, the native step,
 MaxText's engine through its own ahead-of-time class, PeftTrainer's own jitted train step.
 Nothing is allocated, so a `qwen3-8b` cell plans on a small host. What comes back is an
-`ArmPlan`: the executables, how often a step calls each, the train state that stays in device
-memory between them, and which of that state each executable leaves outside its arguments
-(it is in memory while the executable runs, but not in its memory analysis).
+`ArmPlan`: the executables (lowered; the planner compiles them), how often a step calls
+each, the train state that stays in device memory between them, and which of that state
+each executable leaves outside its arguments (it is in memory while the executable runs,
+but not in its memory analysis).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from arms.spec import CellSpec
 class ArmPlan:
     """One arm's step, compiled for a mesh it never runs on."""
 
-    executables: dict[str, jax.stages.Compiled]
+    executables: dict[str, jax.stages.Lowered]
     """Every executable a step runs (and those it may run: MaxText's accumulating kernel at
-    GA 1 is compiled, with 0 calls)."""
+    GA 1, with 0 calls), lowered for the mesh: the planner compiles them."""
     calls_per_step: dict[str, int]
     """Calls of each executable per optimizer step."""
     state: dict[str, Any]
@@ -38,6 +39,8 @@ class ArmPlan:
     """Executable -> the parts of `state` that stay in memory while it runs without being
     its arguments (e.g. the optimizer moments during a split fwd/bwd); none for a step that
     takes the whole state."""
+    compiler_options: dict[str, Any] | None = None
+    """XLA options the trainer compiles its executables with (None: XLA's defaults)."""
 
 
 def abstract_model(kind: str, spec: CellSpec, mesh: Mesh) -> nnx.Module:

@@ -40,11 +40,11 @@ class EngineArm(Arm):
         engine.compile(abstract_batch(self.spec, batch_sharding(self.mesh)), paths=self._paths)
         state = {"params": engine.params, "opt_state": engine.opt_state, "rest": engine.rest}
         if self.fused:
-            return ArmPlan(executables={"train_step": engine.kernels["train_step"].compiled},
+            return ArmPlan(executables={"train_step": engine.kernels["train_step"].lowered},
                            calls_per_step={"train_step": 1}, state=state)
         calls = {"fwd_bwd": 1, "fwd_bwd_accumulate": self.spec.ga - 1, "update": 1}
         return ArmPlan(
-            executables={name: k.compiled for name, k in engine.kernels.items()},
+            executables={name: k.lowered for name, k in engine.kernels.items()},
             calls_per_step={name: calls[name] for name in engine.kernels},
             state={**state, "accumulator": engine.abstract_accumulator()},
             # Between micro-batches and during them the optimizer state waits in memory;

@@ -117,8 +117,10 @@ class MaxTextEngineArm(Arm):
     def plan(self) -> ArmPlan:
         """MaxText's engine planned the way MaxText plans it: its own ahead-of-time engine
         (`AbstractMaxTextEngine`, whose weights and moments are shapes) with the cell's
-        optimizer, loss and micro-batch, compiled by `compile_kernels`. Its accumulating
-        kernel is compiled at GA 1 too (0 calls there)."""
+        optimizer, loss and micro-batch. `compile_kernels` is (maxtext 0.2.5) its
+        `_lower_kernels`, then each kernel's `compile` with `_xla_options(None)` (the
+        config's compile flags); the planner takes those two halves, so that it compiles the
+        kernels itself. The accumulating kernel is lowered at GA 1 too (0 calls there)."""
         from arms.models import maxtext_qwen3 as mq
 
         abstract_engine, _ = mq.require_maxtext(engine=True)
@@ -138,10 +140,11 @@ class MaxTextEngineArm(Arm):
         self._hooks(engine, abstract_engine)
         self.mesh, self.rules = mesh, mq.rules(mx_config)
         example = abstract_batch(self.spec, batch_sharding(mesh))
-        compiled = engine.compile_kernels(example)
-        grads = compiled["fwd_bwd"].out_info[3]  # the accumulated sums fwd_bwd hands on
+        lowered = engine._lower_kernels(example)
+        grads = lowered["fwd_bwd"].out_info[3]  # the accumulated sums fwd_bwd hands on
         return ArmPlan(
-            executables=compiled, calls_per_step=self.calls_per_step(),
+            executables=lowered, calls_per_step=self.calls_per_step(),
+            compiler_options=engine._xla_options(None),
             state={"params": nnx.state(engine.model, nnx.Param),
                    "opt_state": nnx.state(engine.optimizer),
                    "rest": nnx.state(engine.model, nnx.Not(nnx.Param)), "accumulator": grads},

@@ -76,8 +76,8 @@ def native_step(graph, loss_fn, tx, clip, params, rest, opt_state, batches):
 class NativeArm(Arm):
     trainer = "native"
 
-    def _compile(self, model, start_state) -> tuple[jax.stages.Compiled, tuple]:
-        """(compiled step, (params, rest, opt_state)) for `model`, real or abstract;
+    def _lower(self, model, start_state) -> tuple[jax.stages.Lowered, tuple]:
+        """(lowered step, (params, rest, opt_state)) for `model`, real or abstract;
         `start_state(tx, (params, rest), (param_sh, rest_sh, opt_sh))` gives the params,
         non-Param state and optimizer state the step starts from (arrays, or their shapes)."""
         spec = self.spec
@@ -99,11 +99,9 @@ class NativeArm(Arm):
                          in_shardings=(param_sh, rest_sh, opt_sh,
                                        (jax.tree.map(lambda _: batch_sh, example),) * spec.ga),
                          out_shardings=(param_sh, rest_sh, opt_sh, scalar))
-        start = time.perf_counter()
         with sharding_context(self.mesh, self.rules):
-            compiled = jitted.lower(params, rest, opt_state, (example,) * spec.ga).compile()
-        self.compile_seconds = time.perf_counter() - start
-        return compiled, (params, rest, opt_state)
+            lowered = jitted.lower(params, rest, opt_state, (example,) * spec.ga)
+        return lowered, (params, rest, opt_state)
 
     def build(self) -> None:
         self.model = self.build_model()
@@ -112,7 +110,10 @@ class NativeArm(Arm):
             params, rest = state
             return params, rest, jax.jit(tx.init, out_shardings=shardings[2])(params)
 
-        self.compiled, self.state = self._compile(self.model, materialized)
+        lowered, self.state = self._lower(self.model, materialized)
+        start = time.perf_counter()
+        self.compiled = lowered.compile()
+        self.compile_seconds = time.perf_counter() - start
         self._loss = None
 
     def plan(self) -> ArmPlan:
@@ -121,8 +122,8 @@ class NativeArm(Arm):
             return params, rest, jax.eval_shape(jax.jit(tx.init, out_shardings=shardings[2]),
                                                 params)
 
-        compiled, (params, rest, opt_state) = self._compile(self.build_abstract_model(), shapes)
-        return ArmPlan(executables={"step": compiled}, calls_per_step={"step": 1},
+        lowered, (params, rest, opt_state) = self._lower(self.build_abstract_model(), shapes)
+        return ArmPlan(executables={"step": lowered}, calls_per_step={"step": 1},
                        state={"params": params, "opt_state": opt_state, "rest": rest})
 
     def step(self, micro_batches):

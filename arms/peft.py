@@ -143,8 +143,8 @@ class PeftArm(Arm):
         train_step, _ = trainer.jit_train_and_eval_step(cache_nnx_graph=True)
         example = abstract_batch(spec, batch_sharding(self.mesh))._asdict()
         with self._context():
-            compiled = _jitted_step(train_step).lower(model, trainer.optimizer, example).compile()
-        return ArmPlan(executables={"train_step": compiled},
+            lowered = _jitted_step(train_step).lower(model, trainer.optimizer, example)
+        return ArmPlan(executables={"train_step": lowered},
                        calls_per_step={"train_step": spec.ga},
                        state={"params": nnx.state(model, nnx.Param), "opt_state": opt_state,
                               "rest": nnx.state(model, nnx.Not(nnx.Param))})

@@ -15,8 +15,9 @@ The math lives in `engine.kernels`; this class decides *how* it runs:
   `engine.model` with `nnx.update` instead of re-splitting the graph every step.
 
 An engine built on an abstract model (shapes with shardings, e.g. `abstract_decoder` on a TPU
-topology's compile-only devices) compiles every kernel without allocating anything: its
-kernels are XLA's plan for that mesh, to inspect, never to run.
+topology's compile-only devices) lowers every kernel without allocating anything; compiled
+(`Kernel.compiled`, on first use), they are XLA's plan for that mesh, to inspect, never to
+run.
 """
 
 from __future__ import annotations
@@ -52,10 +53,19 @@ from engine.model.sharding import sharding_context as _sharding_context
 class Kernel:
     """A compiled executable plus the count of its calls (executions)."""
 
-    def __init__(self, name: str, compiled: jax.stages.Compiled, lowered: jax.stages.Lowered,
-                 mesh: Mesh, lower_for: Callable[[Mesh], jax.stages.Lowered]):
-        self.name, self.compiled, self.lowered, self.calls = name, compiled, lowered, 0
+    def __init__(self, name: str, compiled: jax.stages.Compiled | None,
+                 lowered: jax.stages.Lowered, mesh: Mesh,
+                 lower_for: Callable[[Mesh], jax.stages.Lowered]):
+        """`compiled` None: compiled on first use (an abstract engine's kernels are lowered
+        only; whoever plans them compiles them)."""
+        self.name, self._compiled, self.lowered, self.calls = name, compiled, lowered, 0
         self.mesh, self._lower_for = mesh, lower_for
+
+    @property
+    def compiled(self) -> jax.stages.Compiled:
+        if self._compiled is None:
+            self._compiled = self.lowered.compile()
+        return self._compiled
 
     def __call__(self, *args):
         self.calls += 1
@@ -182,7 +192,8 @@ class TrainingEngine:
                 return jitted.lower(*on_mesh(abstract_args, mesh))
 
         lowered = lower_for(self.mesh)
-        self.kernels[name] = Kernel(name, lowered.compile(), lowered, self.mesh, lower_for)
+        self.kernels[name] = Kernel(name, None if self.abstract else lowered.compile(), lowered,
+                                    self.mesh, lower_for)
 
     def _check_metric_types(self, abstract_batch):
         """Refuses unsupported metric types before any step runs; returns their shardings."""

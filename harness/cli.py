@@ -124,6 +124,10 @@ class Run(Command):
         return code
 
 
+PLAN_CACHE = ".plan-cache"
+"""The plan cache's directory inside a plan's --out (or nightly's --history)."""
+
+
 class PlanCommand(Command):
     name = "plan"
     help = "XLA's plan of every arm for a TPU topology, compiled here (nothing runs)"
@@ -150,6 +154,10 @@ class PlanCommand(Command):
         parser.add_argument("--save-hlo", action="store_true",
                             help="write each executable's optimized TPU HLO text under "
                                  "OUT/hlo/<run id>/<cell>/ (to find what a figure comes from)")
+        parser.add_argument("--no-plan-cache", action="store_true",
+                            help="compile every executable (default: a program planned "
+                                 "before for the same target and versions is read back from "
+                                 "OUT/.plan-cache)")
 
     @classmethod
     def run(cls, args):
@@ -168,6 +176,8 @@ class PlanCommand(Command):
         described = target.probe(name, slices)
         if args.save_hlo:
             described["hlo_dir"] = str(args.out / "hlo")
+        if not args.no_plan_cache:
+            described["plan_cache"] = str((args.out / PLAN_CACHE).absolute())
         grid = Grid(args, args.out, run_id=args.run_id, options=options, target=described)
         path, records = grid.run()
         print(console.plan_table(records))
@@ -320,6 +330,7 @@ class Nightly(Command):
 
             described = target.probe(args.target or options.get("target") or target.TPU7X,
                                      options.get("target_slices") or 1)
+            described["plan_cache"] = str((args.history / PLAN_CACHE).absolute())
         grid = Grid(args, args.history, options=options)
         _, records = grid.run()
         if described is not None:

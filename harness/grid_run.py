@@ -141,7 +141,8 @@ class Grid:
         if target is not None:
             available = {"target": target["target"], "device_count": target["device_count"]}
             planned = {"plan_target": target["target"], "plan_slices": target["slices"],
-                       "plan_libtpu": target["libtpu"], "trace": False, "parity": False}
+                       "plan_libtpu": target["libtpu"], "trace": False, "parity": False,
+                       "plan_cache": target.get("plan_cache")}
         cells = grid.expand(self.options, mesh_sizes=available)
         # Absolute: cells may run elsewhere (an A/B worktree) and records outlive the cwd.
         trace_dir = str((out / "traces").absolute()) if self.options.get("trace") else None

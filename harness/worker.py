@@ -88,6 +88,8 @@ class CellRun:
     """The libtpu version the runner's probe found (recorded with the plan)."""
     plan_hlo_dir: str | None = None
     """Where a plan writes each executable's optimized HLO text (`<executable>.hlo.txt`)."""
+    plan_cache: str | None = None
+    """The plan cache directory (harness.plan.cell); None: every executable is compiled."""
 
 
 SPAWNED_AT = "PARITY_SPAWNED_AT"

@@ -270,6 +270,11 @@ class ExecutablePlan:
     trip_counts: list[int]
     unavailable: str | None = None
     """Why hbm_bytes, flops and collective_bytes are None (a loop of unreadable length)."""
+    compile_s: float = 0.0
+    """Seconds XLA:TPU took to compile it here (0 when read from the plan cache)."""
+    cached: bool = False
+    """Read back from the plan cache: the same program, compiler and target planned
+    before (harness.plan.cell)."""
 
 
 @_section
@@ -305,6 +310,7 @@ class Plan:
     fits: bool | None
     """planned_peak_bytes <= hbm_capacity_bytes (None: capacity unknown)."""
     compile_s: float
+    """Seconds spent compiling the executables here (those read from the plan cache: 0)."""
     host_peak_rss_bytes: int | None
     """The plan process's peak resident memory on the host."""
     hlo_dir: str | None = None

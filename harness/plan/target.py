@@ -129,13 +129,15 @@ def mesh_like(mesh: Mesh, devices) -> Mesh:
     return Mesh(np.array(devices[:mesh.size]).reshape(mesh.devices.shape), mesh.axis_names)
 
 
-def compile_plan(lowered: jax.stages.Lowered) -> jax.stages.Compiled:
-    """Compiles `lowered` (lowered for compile-only devices). JAX's persistent compilation
-    cache stores the plan but cannot load a compile-only executable back: on a hit it warns
-    and compiles again, which is the plan wanted, so that warning is dropped here."""
+def compile_plan(lowered: jax.stages.Lowered,
+                 options: dict | None = None) -> jax.stages.Compiled:
+    """Compiles `lowered` (lowered for compile-only devices) with XLA `options`. JAX's
+    persistent compilation cache stores the plan but cannot load a compile-only executable
+    back: on a hit it warns and compiles again, which is the plan wanted, so that warning is
+    dropped here."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Error reading persistent compilation cache entry")
-        return lowered.compile()
+        return lowered.compile(compiler_options=options)
 
 
 _AVAILABLE = re.compile(r"exceeds available HBM \(([0-9.]+)([KMGT])\)")

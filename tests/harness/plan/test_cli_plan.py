@@ -107,15 +107,31 @@ def _shard_bytes(state, sizes: dict[str, int]) -> int:
     return total
 
 
+TINY = ["--preset", "tiny-untied", "--seq", "16", "--batch", "8", "--mesh", "fsdp=4,tensor=2"]
+
+
+def _planned(arm: str, out: pathlib.Path, run_id: str, *extra: str):
+    proc = plan("--arms", arm, *TINY, *extra, "--out", str(out), "--run-id", run_id)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (record,) = read_dir(out / f"{run_id}.jsonl")
+    return record
+
+
+@pytest.fixture(scope="module")
+def native_plans(tmp_path_factory):
+    """`native` planned twice into one --out: compiled, then read from the plan cache."""
+    out = tmp_path_factory.mktemp("native")
+    return out, _planned("native", out, "cold"), _planned("native", out, "warm")
+
+
 @pytest.mark.parametrize("arm", ["engine", "native"])
-def test_resident_state_is_three_shards_of_every_parameter_to_the_byte(tmp_path, arm):
+def test_resident_state_is_three_shards_of_every_parameter_to_the_byte(tmp_path, arm,
+                                                                       request):
     """AdamW in float32, planned without the gradient capture: params, then two moments
     sharded like them (plus AdamW's int32 step count), and the split engine's float32
     accumulator sharded like them too (plus its two scalar sums)."""
-    proc = plan("--arms", arm, "--preset", "tiny-untied", "--seq", "16", "--batch", "8",
-                "--mesh", "fsdp=4,tensor=2", "--out", str(tmp_path))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (record,) = read_dir(tmp_path)
+    record = (request.getfixturevalue("native_plans")[1] if arm == "native"
+              else _planned(arm, tmp_path, "engine"))
     resident = record.plan.resident_bytes
     config = get_preset("tiny-untied")
     abstract = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0)))
@@ -137,3 +153,18 @@ def test_resident_state_is_three_shards_of_every_parameter_to_the_byte(tmp_path,
     assert record.run.plan_target == target.TPU7X and record.timing is None
     assert json.loads(json.dumps(record.to_json()))["plan"]["mesh"] == {
         "data": 1, "fsdp": 4, "tensor": 2}
+
+
+def test_a_plan_read_from_the_plan_cache_is_the_compiled_one(native_plans):
+    """The second plan of the same program, target and versions reads the first's back:
+    every figure equal, nothing compiled; --no-plan-cache compiles it again."""
+    out, cold, warm = native_plans
+    forced = _planned("native", out, "forced", "--no-plan-cache")
+    cold, warm, forced = cold.plan, warm.plan, forced.plan
+    assert not cold.executables["step"].cached and cold.compile_s > 0
+    assert warm.executables["step"].cached and warm.compile_s == 0
+    assert not forced.executables["step"].cached and forced.compile_s > 0
+    for plan_ in (warm, forced):
+        for field in ("planned_peak_bytes", "xla_peak_bytes", "resident_bytes",
+                      "hbm_bytes_per_step", "flops_per_step", "collective_bytes_per_step"):
+            assert getattr(plan_, field) == getattr(cold, field), field
