@@ -246,7 +246,7 @@ class Launch(Command):
         import subprocess
         import tempfile
 
-        from harness.reaper import Terminated, die_with_parent, terminate_on_signals
+        from harness.reaper import REAPER, Terminated, die_with_parent, terminate_on_signals
 
         if args.n < 1:
             raise ValueError(f"launch -n {args.n}: give at least 1 process")
@@ -256,7 +256,8 @@ class Launch(Command):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        with tempfile.TemporaryDirectory(prefix="parity-launch-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="parity-launch-") as tmp, \
+                REAPER.watch("path", path=tmp):  # removed even if this process is killed
             logs = [None] + [open(Path(tmp) / f"{i}.err", "w+") for i in range(1, args.n)]  # noqa: SIM115
             procs = [subprocess.Popen(
                 [sys.executable, "-m", "harness.cli", "run", *rest, "--num-processes",
@@ -477,14 +478,20 @@ class Report(Command):
     @classmethod
     def run(cls, args):
         from harness import results
+        from harness.reaper import Terminated, terminate_on_signals
         from reports.document import render
 
         results.read_dir(args.results)  # bad results fail before anything is written
         results.check_writable(args.output.parent, "-o")
         if args.output.is_dir():
             raise ValueError(f"-o {args.output} is a directory; give the .md file to write")
-        render(args.results, args.output, baseline_arm=args.baseline_arm,
-               embed_images=args.embed_images)
+        try:  # staged, then moved into place whole (reports.document): a stop writes nothing
+            with terminate_on_signals():
+                render(args.results, args.output, baseline_arm=args.baseline_arm,
+                       embed_images=args.embed_images)
+        except Terminated as stop:
+            print(f"\nparity: stopped by {stop}; no report was written", file=sys.stderr)
+            raise Stopped(stop.exit_code) from None
         print(f"report: {args.output}")
         return 0
 
@@ -517,13 +524,20 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:  # before any cell ran (in the imports): nothing to keep
+        print("\nparity: interrupted (SIGINT)", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str]) -> int:
     from harness.results import WriteError
 
-    argv = sys.argv[1:] if argv is None else argv
     # The top-level parser has no options of its own: its first positional is the command.
     command = next((arg for arg in argv if not arg.startswith("-")), "")
-    args = build_parser(only=command).parse_args(argv)
     try:
+        args = build_parser(only=command).parse_args(argv)
         return args.func(args)
     except ValueError as err:  # bad input: one clear line, no traceback
         print(f"parity: error: {err}", file=sys.stderr)
@@ -537,9 +551,6 @@ def main(argv: list[str] | None = None) -> int:
         print("parity: error: the selftest failed (above); no cell was run, nothing "
               "written", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # before any cell ran: nothing to keep
-        print("\nparity: interrupted (SIGINT)", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":

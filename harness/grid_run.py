@@ -225,10 +225,15 @@ class Grid:
         return self.options.get("rounds", 1)
 
     def run(self, **kwargs):
-        """(results path, records) of every cell, `rounds` times, with progress lines."""
+        """(results path, records) of every cell, `rounds` times, with progress lines; a
+        resumed run (an existing --run-id) skips the cells its file holds already."""
         from harness import runner
 
-        with self.progress(len(self.cells) * self.rounds) as (on_start, on_record), \
+        done = len(runner.recorded(self.path, self.run_id))
+        if done:
+            print(f"parity: resuming run {self.run_id}: {done} cells are recorded in "
+                  f"{self.path} and are skipped", flush=True)
+        with self.progress(len(self.cells) * self.rounds - done) as (on_start, on_record), \
                 stopped_keeps(self.kept):
             return runner.run_grid(self.cells, self.out, env=self.env,
                                    timeout_s=self.timeout_s, suite=self.options.get("name"),

@@ -83,7 +83,8 @@ def cell_environment(cpu_devices: int | None) -> tuple[dict[str, str], dict]:
 def probe(env: dict[str, str], timeout_s: float = 120) -> dict:
     """The environment cells will see (harness.environment), from a short subprocess."""
     proc = subprocess.run([sys.executable, "-m", "harness.environment"], env=env,
-                          capture_output=True, text=True, timeout=timeout_s)
+                          capture_output=True, text=True, timeout=timeout_s,
+                          preexec_fn=die_with_parent(os.getpid()))
     if proc.returncode != 0:
         raise RuntimeError(f"could not start JAX in a subprocess:\n{proc.stderr[-STDERR_TAIL:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -321,7 +322,9 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
     path = results_path(out_dir, run_id, suite)
     records = []
     writer = distributed is None or distributed.get("process_id", 0) == 0
-    order = schedule(cells, rounds)
+    done = recorded(path, run_id)
+    order = [(r, i, c) for r, i, c in schedule(cells, rounds)
+             if (c.arm, _config_hash(c), first_round + r) not in done]
     with results.exclusive(path) if writer else contextlib.nullcontext(), \
             _store(store) as store, \
             _Zygotes(store, env, cwd, cells if prefork else None, alongside) as zygotes:
@@ -363,12 +366,21 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
                     raise results.WriteError(
                         f"{err}. Lost: the record of {lost}; {len(records)} earlier records "
                         f"are kept, {len(order) - k - 1} cells did not run. Free space, then "
-                        f"run the rest with --run-id {run_id} (it appends to that file)"
+                        f"run the same command with --run-id {run_id}: it skips the cells "
+                        "recorded under that id and appends the rest"
                     ) from err
             records.append(record)
             if on_record:
                 on_record(index, record)
     return path, records
+
+
+def recorded(path: Path, run_id: str) -> set[tuple]:
+    """(arm, config hash, round) of every cell `path` already holds a record of under
+    `run_id`: a run resumed with the same --run-id skips them."""
+    if not path.exists():
+        return set()
+    return {(r.arm, r.config_hash, r.round) for r in results.read(path) if r.run_id == run_id}
 
 
 class _Zygotes:

@@ -107,7 +107,6 @@ def render(results: str | Path, output: str | Path, *, baseline_arm: str | None 
     are never compared: each environment gets its own section.
     """
     output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
     df = to_frame(read_dir(results))
     if baseline_arm is not None:
         baseline.check(baseline_arm, df["arm"])
@@ -116,8 +115,8 @@ def render(results: str | Path, output: str | Path, *, baseline_arm: str | None 
     if len(groups) > 1:
         parts.append(f"> These results come from {len(groups)} different environments; each "
                      "has its own section and no number is compared across them.")
-    with tempfile.TemporaryDirectory(prefix="parity-report-") as tmp:
-        image_dir = Path(tmp) if embed_images else output.parent
+    with tempfile.TemporaryDirectory(prefix=".parity-report-", dir=_existing(output)) as tmp:
+        staged = Path(tmp)  # every file is written here first, then moved into place
         for index, (_, group) in enumerate(groups, 1):
             prefix = f"env{index}_" if len(groups) > 1 else ""
             if len(groups) > 1:
@@ -126,13 +125,41 @@ def render(results: str | Path, output: str | Path, *, baseline_arm: str | None 
             timed = group[~planned].reset_index(drop=True)
             if not timed.empty:
                 arm, how = _baseline(timed, baseline_arm)
-                parts.append(_section(timed, image_dir, prefix, arm, how, embed_images))
+                parts.append(_section(timed, staged, prefix, arm, how, embed_images))
             if planned.any():
                 plans = group[planned].reset_index(drop=True)
                 arm, _ = _baseline(plans, baseline_arm)
                 parts.append(plan.section(
-                    plans, image_dir, prefix, arm,
+                    plans, staged, prefix, arm,
                     lambda title, path: _image(title, path, embed_images)))
-    text = "\n\n".join(parts) + "\n"
-    output.write_text(text)
+        text = "\n\n".join(parts) + "\n"
+        (staged / output.name).write_text(text)
+        _publish(staged, output, images=not embed_images)
     return text
+
+
+def _existing(output: Path) -> Path:
+    """The nearest directory of `output`'s that exists (the staging directory goes there,
+    on the same filesystem as the report, so that moving a file into place is a rename)."""
+    directory = output.parent.absolute()
+    while not directory.exists():
+        directory = directory.parent
+    return directory
+
+
+def _publish(staged: Path, output: Path, *, images: bool) -> None:
+    """Moves the staged report into place, the PNGs first and the markdown last, with
+    SIGINT, SIGTERM and SIGHUP held until the last rename: a stop leaves the old report or
+    the whole new one, never a new plot beside an old document (or an empty directory)."""
+    import signal
+
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        if images:
+            for png in sorted(staged.glob("*.png")):
+                png.replace(output.parent / png.name)
+        (staged / output.name).replace(output)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

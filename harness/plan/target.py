@@ -178,10 +178,13 @@ def probe(name: str, slices: int = 1, timeout_s: float = 120) -> dict:
     topology. Nothing is compiled but the one-device capacity probe."""
     import subprocess
 
+    from harness.reaper import die_with_parent
+
     check_topology(name, slices)
     check_libtpu()
     proc = subprocess.run([sys.executable, "-m", "harness.plan.target", name, str(slices)],
-                          capture_output=True, text=True, timeout=timeout_s)
+                          capture_output=True, text=True, timeout=timeout_s,
+                          preexec_fn=die_with_parent(os.getpid()))
     lines = proc.stdout.strip().splitlines()
     try:
         described = json.loads(lines[-1])

@@ -37,6 +37,83 @@ def test_baseline_override_and_embedded_images(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["parity.md"]
 
 
+@pytest.mark.parametrize("fresh", [True, False], ids=["new-dir", "over-old-report"])
+def test_a_report_stopped_midway_leaves_the_old_report_or_nothing(tmp_path, monkeypatch,
+                                                                  capsys, fresh):
+    """Ctrl-C after the first plot was drawn: no new plot beside an old document, no empty
+    -o directory, no staging directory left; the old report, where there was one, intact."""
+    from reports import plots
+
+    results = write(fixture_records(("engine", "native")), tmp_path / "results" / "run.jsonl")
+    out = tmp_path / "docs" / "parity.md"
+    if not fresh:
+        assert main(["report", str(results.parent), "-o", str(out)]) == 0
+        before = {p.name: p.read_bytes() for p in out.parent.iterdir()}
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plots, "sweep", interrupted)  # drawn after the speedup chart
+    capsys.readouterr()
+    assert main(["report", str(results.parent), "-o", str(out)]) == 130
+    assert "interrupted (SIGINT)" in capsys.readouterr().err
+    if fresh:
+        assert not out.parent.exists()
+    else:
+        assert {p.name: p.read_bytes() for p in out.parent.iterdir()} == before
+    assert not list(tmp_path.rglob(".parity-report-*"))
+
+
+def test_a_ctrl_c_while_the_command_imports_is_one_line(tmp_path):
+    """SIGINT a moment after start, while the grid's modules import: one line, no
+    traceback (wherever it lands: in the imports, the probe, or the run)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(repo), JAX_PLATFORMS="cpu")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "run", "--arms", "native", "--preset", "tiny",
+         "--out", str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(0.5)  # the interpreter is up; `harness.cli` imports the arms for the parser
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    assert proc.returncode in (130, -signal.SIGINT), err  # -2: before Python's own handler
+    assert len(err.strip().splitlines()) <= 1, err
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    (lambda r: r.update(status="weird"), "field 'status': 'weird' is neither"),
+    (lambda r: r.update(timing=None), "field 'timing': an ok record holds its timing"),
+    (lambda r: r["timing"].update(step_ms=[]), "field 'timing.step_ms': an ok record has"),
+    (lambda r: r["timing"].update(step_ms=[1.0, float("nan")]),
+     "field 'timing.step_ms[1]': nan is not a finite time"),
+])
+def test_an_impossible_record_is_one_line_naming_file_line_and_field(tmp_path, capsys, change,
+                                                                     field):
+    """Records that pass the schema but that no writer produces: report and compare each say
+    where and what in one line and exit 2, and report writes nothing."""
+    import json
+
+    good = [r.to_json() for r in fixture_records(("engine", "native"))]
+    change(good[1])
+    path = tmp_path / "results" / "r.jsonl"
+    path.parent.mkdir()
+    path.write_text("".join(json.dumps(r) + "\n" for r in good))
+    for argv in (["report", str(path.parent), "-o", str(tmp_path / "out" / "p.md")],
+                 ["compare", str(path), str(path), "--fail-on-regression"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"parity: error: {path}:2: {field}") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow  # a PeftTrainer cell end to end through the CLI (~30 s)
 def test_a_ragged_peft_run_is_a_parity_fail_everywhere_and_strict_parity_exits_1(tmp_path):
     """PeftTrainer at GA=4 on ragged micro-batches averages micro-batch means: the cell runs

@@ -21,6 +21,7 @@ COMMANDS = {
     "run": ["run", *CELL],
     "ab": ["ab", "HEAD", "HEAD", "--allow-dirty", *CELL],
     "nightly": ["nightly", *CELL, "--rounds", "1"],
+    "launch": ["launch", "-n", "2", "--", *CELL],
 }
 CLEANUP_S = 10
 
@@ -77,7 +78,8 @@ def _wait_for(predicate, timeout_s: float, what: str):
 @pytest.mark.parametrize(("command", "sig"), [
     (command, sig) for command in ("run", "ab") for sig in (
         signal.SIGTERM, signal.SIGKILL, signal.SIGINT)] + [("nightly", signal.SIGINT),
-                                                          ("nightly", signal.SIGHUP)],
+                                                          ("nightly", signal.SIGHUP),
+                                                          ("launch", signal.SIGKILL)],
     ids=lambda v: v.name if isinstance(v, signal.Signals) else v)
 def test_a_killed_parent_leaves_no_worker_temp_dir_or_worktree(tmp_path, command, sig):
     tmp = tmp_path / "tmp"
@@ -109,6 +111,29 @@ def test_a_killed_parent_leaves_no_worker_temp_dir_or_worktree(tmp_path, command
         assert "no cell had finished; no record was written" in stderr
     # No results file is left behind with no record in it, and no lock file.
     assert [p for p in (tmp_path / "out").rglob("*") if p.is_file()] == []
+
+
+def test_a_parent_killed_during_its_device_probe_takes_the_probe_with_it(tmp_path):
+    """The probe (`python -m harness.environment`, which starts JAX) dies with a parent
+    killed by SIGKILL, at once, rather than running on to its end."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", *CELL, "--out",
+                             str(tmp_path / "out")], env=_env(tmp), cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = str(tmp)
+    try:
+        _wait_for(lambda: any("harness.environment" in p for p in
+                              _processes_mentioning(marker).values()), 120, "the device probe")
+        proc.kill()
+        proc.wait(timeout=CLEANUP_S)
+        # The kernel kills it with its parent (PR_SET_PDEATHSIG), at once: it had just started
+        # (it was seen within 0.1 s of appearing), and starting JAX alone takes it seconds.
+        _wait_for(lambda: not _processes_mentioning(marker), 1,
+                  f"the probe to exit (left: {list(_processes_mentioning(marker).values())})")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def test_the_reaper_cleans_only_what_is_still_registered(tmp_path):

@@ -61,13 +61,26 @@ def test_a_full_disk_loses_one_named_cell_and_leaves_every_line_whole(small_disk
     message = str(failure.value)
     assert "Lost: the record of native tiny seq=32 batch=4 ga=1 round 0" in message
     assert "1 earlier records are kept, 1 cells did not run" in message
-    assert "--run-id full" in message
+    assert "--run-id full: it skips the cells recorded under that id" in message
     path = small_disk / "full.jsonl"
     (kept,) = results.read(path)  # every line parses: the torn second one was truncated
     assert kept.ok and kept.spec.seq == 16
     assert path.read_bytes().endswith(b"\n")
     results.check_appendable(path)  # a resumed run may append to it
     assert not (small_disk / ".full.jsonl.lock").exists()
+
+
+def test_a_resumed_run_skips_the_cells_its_file_holds(tmp_path):
+    """Rerunning a run's command with its --run-id (what the full-disk message says to do)
+    runs only the cells it has no record of: no cell is recorded twice."""
+    first = expand({**TINY, "arms": ["native"], "seq": [16]})
+    runner.run_grid(first, tmp_path, env=_env(), timeout_s=300, run_id="r")
+    both = expand({**TINY, "arms": ["native"], "seq": [16, 32]})
+    started = []
+    _, records = runner.run_grid(both, tmp_path, env=_env(), timeout_s=300, run_id="r",
+                                 on_start=lambda cell, _: started.append(cell.spec["seq"]))
+    assert started == [32] and [r.spec.seq for r in records] == [32]
+    assert sorted(r.spec.seq for r in results.read(tmp_path / "r.jsonl")) == [16, 32]
 
 
 def test_a_disk_full_before_the_run_is_one_line_and_exit_2(tmp_path):
