@@ -4,10 +4,15 @@ The math lives in `engine.kernels`; this class decides *how* it runs:
 - every kernel is a fresh closure, lowered and compiled ahead of time inside the mesh and the
   logical-axis rules (JAX's trace cache ignores flax's thread-local rules), with explicit
   in/out shardings (gradients come back sharded like the params), and called inside them;
-- donation: the accumulating fwd/bwd donates the accumulator; `update` and `train_step`
-  donate the whole train state they replace (params, optimizer state; the accumulator too),
-  so XLA writes the new state into the old buffers instead of allocating a second copy, and
-  the new params are republished to `engine.model` right after the call. The fwd/bwd kernels
+- donation: the accumulating fwd/bwd donates the accumulator (its sums are updated in place);
+  `update` and `train_step` donate the params and optimizer state they replace, so XLA
+  writes the new state into the old buffers instead of allocating a second copy, and the new
+  params are republished to `engine.model` right after the call. `update` also takes the
+  accumulator, whose gradient sums no output of the update can be aliased to (its
+  parameter-sized outputs are the new params and moments, aliased to the old), so JAX drops
+  their donation and they stay allocated until the update ends. That never sets the split
+  engine's peak: the update holds params + optimizer state + accumulator, which every fwd/bwd
+  also holds (the optimizer state beside it) on top of its activations. The fwd/bwd kernels
   never donate params: `engine.model` must stay usable between micro-batches, and a donated
   buffer may be aliased to any output of its shape, which the gradients all have. The step
   counter is not donated: it is the throttler's marker for that step;
@@ -185,9 +190,9 @@ class TrainingEngine:
             jitted = jax.jit(fn, in_shardings=on_mesh(in_shardings, mesh),
                              out_shardings=on_mesh(out_shardings, mesh), donate_argnums=donate)
             with _sharding_context(mesh, rules), warnings.catch_warnings():
-                # Rules + mesh around the lowering, not around jax.jit. The donated
-                # accumulator's scalar sums have no same-typed output to alias; XLA's note
-                # about it is expected.
+                # Rules + mesh around the lowering, not around jax.jit. JAX drops (and
+                # notes) the donation of a buffer no output can be aliased to: the
+                # update's accumulated gradient sums (see the module docstring).
                 warnings.filterwarnings("ignore", "Some donated buffers were not usable")
                 return jitted.lower(*on_mesh(abstract_args, mesh))
 

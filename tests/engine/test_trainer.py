@@ -161,3 +161,29 @@ def test_clipping_bounds_the_gradient_the_optimizer_sees(engine_factory):
     engine.train_step(batches)
     norm = optax.tree.norm(captured_gradient(engine.opt_state))
     assert abs(float(norm) - 0.05) <= 1e-6
+
+
+def test_an_engine_on_an_abstract_model_lowers_the_same_kernels_and_refuses_to_run(devices):
+    """A model of shapes (`abstract_decoder`) gives kernels whose compiled memory plan is the
+    real engine's, with nothing allocated for the state; stepping it is refused."""
+    from engine import EngineConfig, TrainingEngine
+    from engine.model import abstract_decoder, get_preset, make_mesh
+    from tests.engine.conftest import make_engine
+
+    real = make_engine(ga=2, mesh="fsdp=2", paths=("split",))
+    mesh = make_mesh("fsdp=2")
+    abstract = TrainingEngine(abstract_decoder(get_preset("tiny"), mesh),
+                              with_capture(optax.adamw(1e-3)), TokenCrossEntropy(), mesh=mesh,
+                              config=EngineConfig(gradient_accumulation_steps=2))
+    example = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                           ragged_batches()[0])
+    abstract.compile(example, paths=("split",))
+    assert abstract.abstract and not real.abstract
+    assert all(isinstance(x, jax.ShapeDtypeStruct)
+               for x in jax.tree.leaves((abstract.params, abstract.opt_state)))
+    assert all(k._compiled is None for k in abstract.kernels.values())  # lowered only
+    for name, kernel in real.kernels.items():
+        assert (abstract.kernels[name].compiled.memory_analysis().argument_size_in_bytes
+                == kernel.compiled.memory_analysis().argument_size_in_bytes), name
+    with pytest.raises(RuntimeError, match="built on an abstract model"):
+        abstract.fwd_bwd(example)
