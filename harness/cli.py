@@ -496,8 +496,47 @@ class Report(Command):
         return 0
 
 
+class Trace(Command):
+    name = "trace"
+    help = "summarize a profiler capture: per device busy time, executions, top ops, steps"
+    description = ("Reads a JAX profiler capture (a .xplane.pb file, or a logdir holding one: "
+                   "the newest is read) and prints, per device plane with work, its busy, "
+                   "memcpy and span ms, executions per module and top ops, and per annotated "
+                   "step its wall and busy ms and executions (harness.xplane: XLA:CPU host "
+                   "ops, TPU module/op lines, GPU kernels tied to host dispatches).")
+
+    @classmethod
+    def setup(cls, parser):
+        parser.add_argument("path", type=Path, help=".xplane.pb file or a directory above one")
+        parser.add_argument("--json", action="store_true", help="print JSON")
+
+    @classmethod
+    def run(cls, args):
+        import json
+
+        from harness import trace
+
+        if args.path.is_dir():
+            try:
+                path = trace.find_xplane(str(args.path))
+            except FileNotFoundError:
+                raise ValueError(f"{args.path}: no .xplane.pb below it; give a capture file "
+                                 "or the logdir of one") from None
+        elif args.path.is_file():
+            path = str(args.path)
+        else:
+            raise ValueError(f"{args.path}: no such capture file or directory")
+        try:
+            summary = trace.summarize(path)
+        except Exception as err:  # not an XSpace protobuf: one line, not a traceback
+            raise ValueError(f"{path}: cannot read it as a profiler capture "
+                             f"({type(err).__name__}: {err})") from None
+        print(json.dumps(summary, indent=1) if args.json else trace.text(summary))
+        return 0
+
+
 COMMANDS: tuple[type[Command], ...] = (Selftest, Env, Run, PlanCommand, Launch, Nightly, AB,
-                                        Compare, Report)
+                                        Compare, Report, Trace)
 
 
 class Parser(argparse.ArgumentParser):

@@ -1,14 +1,8 @@
 """xplane capture and parse: executions per step, device-busy time and host time per step.
 
-Executions are counted from XLA's own events: every thunk/op event carries `hlo_module`,
-`program_id` and `run_id` stats, and one (module, program, run) triple is one execution of
-one executable. Steps are the `StepTraceAnnotation` events on the host's python line.
-
-Layouts: on CPU there is no device plane; executions appear on host threads
-(`/host:CPU`, lines such as `tf_XLAPjRtCpuClient/...` or the dispatching `python` line).
-On accelerators xprof's schema puts ops on `/device:GPU:N` or `/device:TPU:N` planes (lines
-"XLA Ops" / "XLA Modules"); that layout is read by the same code but awaits a run on
-hardware to be confirmed.
+What a capture holds is read by `harness.xplane` (XLA:CPU's host ops; a TPU's module and op
+lines; a GPU's kernel and copy events tied to the host's dispatches by correlation id);
+steps are the `StepTraceAnnotation` events on the host's python line.
 
 On disk (`capture`): `<trace root>/<run id>/<cell>/plugins/profile/<timestamp>/<host>.xplane.pb`,
 where `<cell>` is `<arm>-<preset>-s<seq>-b<batch>-ga<ga>` (harness.runner.trace_session). Any
@@ -26,11 +20,10 @@ import tempfile
 from collections.abc import Iterator
 
 import jax
-from jax.profiler import ProfileData
 
-STEP_NAME = "train"
-COMPLETION_PREFIX = "end: "
-"""XLA:CPU's name for the event that marks an asynchronous op's completion."""
+from harness import xplane
+
+STEP_NAME = xplane.STEP_NAME
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,66 +93,54 @@ def find_xplane(directory: str) -> str:
     return found[-1]
 
 
-def _stats(event) -> dict:
-    return dict(event.stats)
-
-
 def parse_steps(path: str) -> list[StepTrace]:
-    """Per-step executions and busy time from one .xplane.pb file.
-
-    An op's busy interval runs from its event's start to its completion. XLA:CPU runs some
-    thunks asynchronously (large dots and parallel loop fusions go to its intra-op thread
-    pool): the op's event then covers only the launch, and the work ends at a separate
-    `end: <op>` event linked to it by a flow id (the op's `_p` stat is the completion's
-    `_c`). Reading the op events alone would count that work as idle, host time. An op
-    whose completion the profiler stopped before recording keeps its own event's end.
-    """
-    data = ProfileData.from_file(path)
-    steps: list[tuple[int, float, float]] = []
-    executions: dict[tuple, tuple[float, str]] = {}
-    ops: list[tuple[float, float, tuple | None]] = []  # (start, end, completion key)
-    completions: dict[tuple, list[float]] = {}  # (flow id, op name) -> completion ends;
-    # an op ends at the first of its completions after its start (ids are not promised unique)
-    for plane in data.planes:
-        for line in plane.lines:
-            for event in line.events:
-                stats = _stats(event)
-                end_ns = event.start_ns + event.duration_ns
-                if event.name == STEP_NAME and "step_num" in stats:
-                    steps.append((int(stats["step_num"]), event.start_ns, end_ns))
-                elif "hlo_module" in stats and "run_id" in stats:
-                    key = (plane.name, stats["hlo_module"], stats.get("program_id"),
-                           stats["run_id"])
-                    start = executions.get(key, (float("inf"), ""))[0]
-                    executions[key] = (min(start, event.start_ns), stats["hlo_module"])
-                    flow = (stats["_p"], event.name) if "_p" in stats else None
-                    ops.append((event.start_ns, end_ns, flow))
-                elif event.name.startswith(COMPLETION_PREFIX) and "_c" in stats:
-                    flow = (stats["_c"], event.name.removeprefix(COMPLETION_PREFIX))
-                    completions.setdefault(flow, []).append(end_ns)
-    intervals = [(start, max(end, min((t for t in completions.get(flow, ()) if t >= start),
-                                      default=end)))
-                 for start, end, flow in ops]
+    """Per-step executions and busy time from one .xplane.pb file (harness.xplane reads it:
+    XLA:CPU's host ops, or the device planes' kernels). Busy time is the union, over every
+    device, of the intervals of the step's ops (kernels; copies are not work), each until
+    it completed; an execution belongs to the step its first op starts in."""
+    capture = xplane.read(path)
     result = []
-    for step, begin, end in sorted(steps):
-        inside = sorted((start, module) for key, (start, module) in executions.items()
+    for step, begin, end in capture.steps:
+        inside = sorted((start, module) for start, module in capture.executions.values()
                         if begin <= start <= end)
-        spans = sorted((a, min(b, end)) for a, b in intervals if begin <= a <= end)
+        spans = [(op.start, min(op.end, end)) for op in capture.ops
+                 if not op.memcpy and begin <= op.start <= end]
         result.append(StepTrace(step=step, executions=len(inside),
                                 modules=tuple(m for _, m in inside), wall_ns=end - begin,
-                                busy_ns=_union_length(spans)))
+                                busy_ns=xplane.union_ns(spans)))
     return result
 
 
-def _union_length(spans: list[tuple[float, float]]) -> float:
-    total, current_start, current_end = 0.0, None, None
-    for start, end in spans:
-        if current_end is None or start > current_end:
-            if current_end is not None:
-                total += current_end - current_start
-            current_start, current_end = start, end
-        else:
-            current_end = max(current_end, end)
-    if current_end is not None:
-        total += current_end - current_start
-    return total
+def summarize(path: str) -> dict:
+    """What `parity trace --json` prints of one capture: per active device plane, busy,
+    memcpy and span ms, executions (per module) and the top ops; per annotated step, wall
+    and busy ms and executions."""
+    capture = xplane.read(path)
+    steps = parse_steps(path) if capture.steps else []
+    return {"file": path, "devices": xplane.devices(capture),
+            "steps": [{"step": s.step, "wall_ms": s.wall_ns / 1e6, "busy_ms": s.busy_ns / 1e6,
+                       "executions": s.executions} for s in steps]}
+
+
+def text(summary: dict) -> str:
+    """`summarize`'s result as a person reads it: a table of devices, each one's top ops,
+    and the steps."""
+    lines = [f"capture: {summary['file']}", "",
+             "| device | busy ms | memcpy ms | span ms | executions | per module |",
+             "|---|---|---|---|---|---|"]
+    for d in summary["devices"]:
+        modules = ", ".join(f"{m} x{n}" for m, n in d["modules"].items()) or "-"
+        lines.append(f"| {d['name']} | {d['busy_ms']:.3f} | {d['memcpy_ms']:.3f} | "
+                     f"{d['span_ms']:.3f} | {d['executions']} | {modules} |")
+    if not summary["devices"]:
+        lines.append("| (no device or XLA op events) | - | - | - | - | - |")
+    for d in summary["devices"]:
+        lines += ["", f"top ops on {d['name']} (ms):"]
+        lines += [f"  {ms:10.3f}  {name}" for name, ms in d["top_ops"]]
+    if summary["steps"]:
+        lines += ["", "| step | wall ms | busy ms | executions |", "|---|---|---|---|"]
+        lines += [f"| {s['step']} | {s['wall_ms']:.3f} | {s['busy_ms']:.3f} | "
+                  f"{s['executions']} |" for s in summary["steps"]]
+    else:
+        lines += ["", "no step annotations: the whole capture is one window"]
+    return "\n".join(lines)

@@ -331,8 +331,10 @@ def _memory(planned, rss: int | None, reserved: int) -> Memory:
 
     from harness import measure
 
-    peak = measure.peak_bytes_in_use(jax.local_devices())
-    return Memory(peak_bytes_in_use=peak, executables=planned,
+    per_device, why = measure.device_peaks(jax.local_devices())
+    peak = max((p for p in per_device if p is not None), default=None)
+    return Memory(peak_bytes_in_use=peak, peak_bytes_per_device=per_device,
+                  peak_unavailable=why, executables=planned,
                   planned_bytes=max((m.total for m in planned.values() if m), default=None),
                   rss_delta_bytes=rss, hosts=_per_host_memory(rss, peak, np),
                   heap_reserved_bytes=reserved)

@@ -154,13 +154,19 @@ class HostMemory:
 @_section
 class Memory:
     peak_bytes_in_use: int | None
-    """memory_stats()['peak_bytes_in_use'], max over local devices; None where missing."""
+    """memory_stats()['peak_bytes_in_use'], max over local devices: the process's peak since
+    it started; None where missing (`peak_unavailable` says why)."""
     executables: dict[str, ExecutableMemory | None]
     planned_bytes: int | None
     """The largest executable's total."""
     rss_delta_bytes: int | None
     """Process RSS high-water growth over the timed window."""
     hosts: list[HostMemory] | None = None
+    peak_bytes_per_device: list[int | None] | None = None
+    """Each local device's memory_stats peak since the cell's process started (each cell is
+    its own process); None in records that predate it."""
+    peak_unavailable: str | None = None
+    """Why a device's peak is None (no memory_stats on the backend, or no peak key)."""
     heap_reserved_bytes: int | None = None
     """Host heap faulted in and freed again before the timed window, where glibc keeps freed
     memory (CPU cells; harness.measure.reserve_heap). In the resident set, not in

@@ -147,6 +147,7 @@ def _row(records: list[Record]) -> dict:
         "bytes_accessed_per_step": cost and cost.bytes_accessed_per_step,
         "cost_unavailable": _unavailable(cost.unavailable) if cost else None,
         "peak_bytes": memory and memory.peak_bytes_in_use,
+        "peak_unavailable": memory and memory.peak_unavailable,
         "planned_bytes": memory and memory.planned_bytes,
         "rss_delta_bytes": memory and memory.rss_delta_bytes,
         "executables": memory.executables if memory else {},

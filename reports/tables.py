@@ -259,9 +259,12 @@ def memory(df: pd.DataFrame, baseline_arm: str) -> str:
                  else MISSING)
         rows.append((shape_label(r), r["arm"], _bytes(r["peak_bytes"]),
                      _bytes(r["planned_bytes"]), ratio, _bytes(r["rss_delta_bytes"])))
-    return markdown(["shape", "arm", "peak measured", "planned (largest executable)",
-                     f"planned vs {baseline_arm}", "RSS high-water delta"], rows,
-                    why={"peak measured": "the backend has no memory_stats"})
+    why = next((w for w in frame.get("peak_unavailable", pd.Series(dtype=object)).dropna()),
+               "the backend has no memory_stats")
+    return markdown(["shape", "arm", "peak measured (the cell process's since it started)",
+                     "planned (largest executable)", f"planned vs {baseline_arm}",
+                     "RSS high-water delta"], rows,
+                    why={"peak measured (the cell process's since it started)": why})
 
 
 def executables(df: pd.DataFrame) -> str:

@@ -92,3 +92,33 @@ def test_populate_faults_a_range_in_with_one_call():
     finally:
         libc.free(block)
     assert faults <= nbytes // resource.getpagesize() // 100
+
+
+def test_tpu7x_peaks_are_per_device_half_the_chip():
+    """JAX shows each TPU7x chip as two devices: a device's peak is half the chip's 2307
+    TFLOP/s bf16 (and half its HBM), or every TPU7x MFU would read half its value."""
+    spec = measure.DEVICES["TPU7x"]
+    assert spec.devices_per_chip == 2
+    assert measure.PEAK_BF16_FLOPS["TPU7x"] == spec.bf16_flops == 2307e12 / 2
+    assert spec.hbm_bytes == 192e9 / 2
+    assert all(s.source for s in measure.DEVICES.values())
+
+
+def test_mfu_of_a_tpu7x_record_uses_the_per_device_peak():
+    import jax
+    import jax.numpy as jnp
+
+    compiled = jax.jit(lambda x: x @ x).lower(jnp.ones((8, 8))).compile()
+    cost = measure.cost({"step": compiled}, {"step": 1}, model_flops=9.228e14, median_ms=500.0,
+                        device_kind="TPU7x", device_count=8)
+    # 9.228e14 FLOP in 0.5 s on 8 devices (4 chips) of 1153.5 TFLOP/s each: 0.2 of the peak
+    # (with the per-chip figure per device it would read 0.1)
+    assert abs(cost.mfu_vs_bf16_peak - 0.2) < 1e-12
+
+
+def test_device_peaks_say_why_a_backend_has_none(devices):
+    """XLA:CPU has no memory_stats: each device's peak is None and the record says why,
+    rather than reading 0."""
+    peaks, why = measure.device_peaks(devices[:3])
+    assert peaks == [None, None, None]
+    assert why == "memory_stats() is None on this backend"

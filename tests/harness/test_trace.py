@@ -62,3 +62,38 @@ def test_busy_time_lasts_until_each_asynchronous_op_completes(tmp_path):
                       default=0.0)
         assert step.busy_ns >= longest, (step.busy_ns, longest)
         assert step.busy_ns <= step.wall_ns
+
+
+def test_parity_trace_of_a_cells_capture_reads_what_its_record_holds(tmp_path):
+    """`parity run --trace` records per-step executions and busy time; `parity trace` of the
+    same capture gives the same, and the same for its one device (the host's XLA:CPU)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from harness import results
+
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(repo), JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    run = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--arms", "engine",
+                          "--preset", "tiny", "--seq", "16", "--batch", "4", "--ga", "2",
+                          "--steps", "2", "--warmup", "1", "--trace", "--trace-steps", "2",
+                          "--no-parity", "--out", str(tmp_path)], env=env, cwd=repo,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (record,) = results.read_dir(tmp_path)
+    shown = subprocess.run([sys.executable, "-m", "harness.cli", "trace", record.trace.logdir,
+                            "--json"], env=env, cwd=repo, capture_output=True, text=True,
+                           timeout=300)
+    assert shown.returncode == 0, shown.stderr
+    summary = json.loads(shown.stdout)
+    assert [s["executions"] for s in summary["steps"]] == record.trace.executions_per_step
+    assert [s["busy_ms"] for s in summary["steps"]] == record.trace.busy_ms
+    assert [s["wall_ms"] for s in summary["steps"]] == record.trace.step_ms
+    (host,) = summary["devices"]
+    assert host["name"] == "/host:CPU" and host["executions"] >= sum(
+        record.trace.executions_per_step)  # the traced steps, and what ran around them
+    assert set(host["modules"]) >= {"jit_fwd_bwd", "jit_fwd_bwd_accumulate", "jit_update"}

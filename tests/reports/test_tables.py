@@ -21,8 +21,8 @@ def test_a_column_missing_in_every_row_is_dropped_and_named():
 def test_cpu_memory_table_drops_peak_measured_and_keeps_it_where_measured():
     cpu = tables.memory(to_frame(fixture_records()), "peft-decoder")
     assert "peak measured" not in cpu.splitlines()[0]
-    assert "Not shown, no value in any row: peak measured (the backend has no memory_stats)" \
-        in cpu
+    assert ("Not shown, no value in any row: peak measured (the cell process's since it "
+            "started) (the backend has no memory_stats)") in cpu
     measured = []
     for r in fixture_records():
         if r.ok:
@@ -30,7 +30,8 @@ def test_cpu_memory_table_drops_peak_measured_and_keeps_it_where_measured():
                 r.memory, peak_bytes_in_use=3 * 2**20))
         measured.append(r)
     gpu = tables.memory(to_frame(measured), "peft-decoder")
-    assert gpu.splitlines()[0].startswith("| shape | arm | peak measured |")
+    assert gpu.splitlines()[0].startswith(
+        "| shape | arm | peak measured (the cell process's since it started) |")
     assert "| 3.0 MiB |" in gpu and "Not shown" not in gpu
 
 
