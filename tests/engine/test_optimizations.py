@@ -403,3 +403,45 @@ def test_item15_fwd_bwd_never_reads_the_accumulator_back(engine_factory):
     first, accumulating = engine.kernels["fwd_bwd"], engine.kernels["fwd_bwd_accumulate"]
     assert (first.calls, accumulating.calls) == (1, 3)
     assert rel_l2(captured_gradient(engine.opt_state), exact) <= 1e-5
+
+
+@pytest.mark.parametrize("ga", [1, 2])
+def test_item14_the_fused_step_compiles_to_the_native_program_but_for_scalars(devices, ga):
+    """`engine-fused` against `native` (one jit written independently of the engine), both
+    without the gradient capture, on CPU: the optimized programs hold the same instructions
+    (opcode, result shape and non-scalar operand shapes, counted over every computation) up
+    to named differences, all of
+    scalars or of the per-micro-batch metric vectors (GA elements): the step counter and
+    its increment, the finite flag, the stacked metrics, the per-leaf scale selects of the
+    skip-on-non-finite update. No difference touches a buffer of more than GA elements, so
+    no pass over a parameter or activation is the engine's alone."""
+    import collections
+    import math
+
+    from arms.registry import make_arm
+    from arms.spec import CellSpec
+    from harness.plan import hlo
+
+    counts = {}
+    for arm in ("engine-fused", "native"):
+        built = make_arm(arm, CellSpec(preset="tiny", seq=16, batch=8, ga=ga, mesh="fsdp=2"),
+                         capture=False)
+        built.build()
+        (compiled,) = built.executables().values()
+        module = hlo.parse(compiled.as_text())
+        def shape(name, module=module):
+            return module.by_name[name].shape.split("{")[0]
+
+        counts[arm] = collections.Counter(  # scalar operands (scales, step) left out
+            (i.opcode, shape(i.name), *(shape(o) for o in i.operands if "[]" not in shape(o)))
+            for body in module.computations.values() for i in body
+            if not i.shape.startswith("("))
+    differ = (counts["engine-fused"] - counts["native"]) + (counts["native"] -
+                                                            counts["engine-fused"])
+    assert differ  # the step counter and metrics are the engine's
+    for opcode, *shapes in differ:  # the result's shape, then each operand's
+        for shape in shapes:
+            if shape.startswith("("):
+                continue  # a tuple operand: its elements are instructions of their own
+            dims = [int(d) for d in shape.split("[", 1)[1].split("]")[0].split(",") if d]
+            assert math.prod(dims) <= ga, (opcode, shapes)
