@@ -155,7 +155,14 @@ def classify(ended: Exit, timeout_s: float) -> Record | None:
                                   f"harness; the OOM killer leaves no count here){rss}", stderr)
     how = (f"was killed by {signal.Signals(-code).name}" if code < 0
            else f"exited with code {code}")
-    return _failure("crash", f"cell process {how} without a record", stderr)
+    fatal = _FATAL.findall(stderr)  # what XLA (or libtpu) said as it aborted
+    said = f"; it said: {fatal[-1].strip()[:300]}" if fatal else ""
+    return _failure("crash", f"cell process {how} without a record{said}", stderr)
+
+
+_FATAL = re.compile(r"^F\d{4} [^\]]*\] (.*)$", re.MULTILINE)
+"""A glog FATAL line (XLA's and libtpu's CHECK failures): 'F1202 06:11:09.35 ... file.cc:123]
+Check failed: ...'."""
 
 
 def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int | None, int | None]:

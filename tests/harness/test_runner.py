@@ -382,3 +382,21 @@ def test_every_shipped_suite_passes_the_checks_made_before_any_cell(name):
     cells = expand(suite, mesh_sizes={"device_count": 8, "backend": "tpu"})
     assert {c.arm for c in cells} == set(suite["arms"])
     assert len({c.spec["remat"] for c in cells}) == 1  # one remat policy for every arm
+
+
+def test_a_crash_names_what_xla_said_as_it_aborted():
+    """A compiler CHECK failure kills the cell with SIGABRT before it writes a record: the
+    failure says what the check was (glog's FATAL line), not only the signal."""
+    import signal
+
+    from harness.runner import Exit, classify
+
+    stderr = ("E1202 06:11:09.563711 24905 coredump_hook.cc:348] RAW: Skipping coredump\n"
+              "F1202 06:11:09.358174 24905 fusion_emitter.cc:2978] Check failed: "
+              "Bits::IsPowerOfTwo(bound) Scaled window bound is not a power of 2\n"
+              "E1202 06:11:10.080365 24905 process_state.cc:794] RAW: Raising signal 6\n")
+    record = classify(Exit(code=-signal.SIGABRT, stderr=stderr, wrote_record=False), 60)
+    assert record.error.reason == "crash"
+    assert record.error.message == (
+        "cell process was killed by SIGABRT without a record; it said: Check failed: "
+        "Bits::IsPowerOfTwo(bound) Scaled window bound is not a power of 2")
