@@ -124,6 +124,7 @@ def native_plans(tmp_path_factory):
     return out, _planned("native", out, "cold"), _planned("native", out, "warm")
 
 
+@pytest.mark.slow  # a TPU compile of each arm's step (~30 s each on 2 cores)
 @pytest.mark.parametrize("arm", ["engine", "native"])
 def test_resident_state_is_three_shards_of_every_parameter_to_the_byte(tmp_path, arm,
                                                                        request):
@@ -155,6 +156,7 @@ def test_resident_state_is_three_shards_of_every_parameter_to_the_byte(tmp_path,
         "data": 1, "fsdp": 4, "tensor": 2}
 
 
+@pytest.mark.slow  # a third TPU compile of the step
 def test_a_plan_read_from_the_plan_cache_is_the_compiled_one(native_plans):
     """The second plan of the same program, target and versions reads the first's back:
     every figure equal, nothing compiled; --no-plan-cache compiles it again."""
