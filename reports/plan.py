@@ -34,12 +34,14 @@ EXPLAINED = (
     "state beside it. **Resident**: params / optimizer state (PeftTrainer's includes its "
     "MultiSteps accumulator) / separate accumulator. **HBM**: bytes each top-level "
     "instruction reads and writes in HBM, loops counted as they run. **Collectives**: bytes "
-    "per kind (AG all-gather: the gathered result; RS, AR, A2A, CP: the operands). **FLOPs**: "
+    "per kind, what each device sends as ring algorithms move it over n devices (AG "
+    "all-gather: (n-1)/n of the gathered result; RS reduce-scatter, A2A all-to-all: (n-1)/n "
+    "of the operand; AR all-reduce: twice that; CP collective-permute: the operand). **FLOPs**: "
     "matmul FLOPs per device, remat recompute included. Ratios are to the baseline arm.")
 
 
-def _gib(value) -> str:
-    return MISSING if value is None or pd.isna(value) else f"{value / 2**30:.3f}"
+def _gib(value, digits: int = 3) -> str:
+    return MISSING if value is None or pd.isna(value) else f"{value / 2**30:.{digits}f}"
 
 
 def _ratio(value, base) -> str:
@@ -50,8 +52,8 @@ def _ratio(value, base) -> str:
 
 def _resident(row) -> str:
     parts = row["plan_resident"] or {}
-    shown = [f"{parts[p] / 2**30:.3f}" for p in ("params", "opt_state") if p in parts]
-    shown.append(f"{parts['accumulator'] / 2**30:.3f}" if "accumulator" in parts else "-")
+    shown = [f"{parts[p] / 2**30:.4f}" for p in ("params", "opt_state") if p in parts]
+    shown.append(f"{parts['accumulator'] / 2**30:.4f}" if "accumulator" in parts else "-")
     return " / ".join(shown)
 
 
@@ -79,8 +81,8 @@ def table(df: pd.DataFrame, baseline_arm: str) -> str:
                 else " fits" if r["plan_fits"] else " **DOES NOT FIT**")
         rows.append((
             shape_label(r), r["arm"],
-            f"{_gib(r['plan_peak'])}{vs('plan_peak')} of {_gib(capacity)}{fits}",
-            f"{_gib(r['plan_xla_peak'])}", r["plan_peak_executable"], _resident(r),
+            f"{_gib(r['plan_peak'], 4)}{vs('plan_peak')} of {_gib(capacity, 2)}{fits}",
+            f"{_gib(r['plan_xla_peak'], 4)}", r["plan_peak_executable"], _resident(r),
             f"{_gib(r['plan_hbm_per_step'])}{vs('plan_hbm_per_step')}",
             f"{_collectives(r)}{vs('plan_collective_bytes')}",
             (f"{r['plan_flops_per_step'] / 1e12:.3f}{vs('plan_flops_per_step')}"

@@ -271,8 +271,8 @@ class ExecutablePlan:
     flops: float | None
     """Matmul FLOPs of one call, loops counted."""
     collective_bytes: dict[str, float] | None
-    """One call's collective bytes by kind (all-gather: the gathered result; others: the
-    operands), loops counted."""
+    """One call's collective bytes by kind: what each device sends under ring algorithms
+    (harness.plan.hlo), loops counted."""
     trip_counts: list[int]
     unavailable: str | None = None
     """Why hbm_bytes, flops and collective_bytes are None (a loop of unreadable length)."""
