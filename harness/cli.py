@@ -139,6 +139,10 @@ class PlanCommand(Command):
                    "cell planned and fits, 1 when one failed or does not fit (named), 2 on "
                    "bad input.")
 
+    TIMEOUT_S = 1800
+    """A cell's default limit: XLA:TPU compiles a split engine's three kernels of a qwen3-8b
+    step in 10+ minutes on 2 cores (a run's default, 600 s, is for running cells)."""
+
     @classmethod
     def setup(cls, parser):
         from harness.plan.target import TPU7X
@@ -164,7 +168,8 @@ class PlanCommand(Command):
         from harness import console, results
         from harness.plan import target
 
-        options = Grid.check_values(args, args.out, defaults={"trace": False})
+        options = Grid.check_values(args, args.out, defaults={"trace": False,
+                                                               "timeout_s": cls.TIMEOUT_S})
         if options.get("rounds", 1) != 1:
             raise ValueError(f"--rounds {options['rounds']}: a plan is deterministic (the "
                              "same code and versions give the same figures); plan once")
