@@ -362,7 +362,7 @@ def _fusion_io(module: Module, fusion: Instruction) -> float:
     root = module.root(fused)
     outputs = ([module.by_name[o] for o in root.operands] if root.opcode == "tuple"
                else [root])
-    shapes = _tuple_elements(fusion.shape) if root.opcode == "tuple" else [fusion.shape]
+    shapes = tuple_elements(fusion.shape) if root.opcode == "tuple" else [fusion.shape]
     for output, shape in zip(outputs, shapes, strict=False):
         if output.opcode == "dynamic-update-slice":
             written = array_bytes(module.by_name[output.operands[1]].shape)
@@ -372,7 +372,7 @@ def _fusion_io(module: Module, fusion: Instruction) -> float:
     return total
 
 
-def _tuple_elements(shape: str) -> list[str]:
+def tuple_elements(shape: str) -> list[str]:
     """The element shapes of a (flat) tuple shape string."""
     inner = shape.strip()
     if not inner.startswith("("):

@@ -96,7 +96,7 @@ def test_the_fused_accumulation_copies_no_parameter_sized_buffer_per_micro_batch
             todo += [c for i in module.computations[name] for c in i.callees().values()
                      if c in module.computations]
     def written_to_hbm_as_a_shard(inst) -> bool:
-        destination = hlo._tuple_elements(inst.shape)[0]  # copy-start: (dest, src, ...)
+        destination = hlo.tuple_elements(inst.shape)[0]  # copy-start: (dest, src, ...)
         return (destination.split("{")[0] in shards
                 and hlo.array_bytes(destination, hbm_only=True) > 0)  # not VMEM staging
 
