@@ -170,9 +170,10 @@ class PlanCommand(Command):
 
         options = Grid.check_values(args, args.out, defaults={"trace": False,
                                                                "timeout_s": cls.TIMEOUT_S})
-        if options.get("rounds", 1) != 1:
-            raise ValueError(f"--rounds {options['rounds']}: a plan is deterministic (the "
+        if args.rounds not in (None, 1):
+            raise ValueError(f"--rounds {args.rounds}: a plan is deterministic (the "
                              "same code and versions give the same figures); plan once")
+        options["rounds"] = 1  # a suite's rounds are for timing
         name = args.target or options.get("target") or target.TPU7X
         slices = (args.target_slices if args.target_slices is not None
                   else options.get("target_slices", 1))

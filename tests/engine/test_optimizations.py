@@ -276,7 +276,7 @@ def test_item09_metric_write_is_deferred_past_the_next_dispatch(engine_factory, 
     engine = engine_factory(ga=2, paths=("split",))
     events = []
     for kernel in engine.kernels.values():
-        monkeypatch.setattr(kernel, "compiled", _logging(kernel.compiled, kernel.name, events))
+        monkeypatch.setattr(kernel, "_compiled", _logging(kernel.compiled, kernel.name, events))
     publish = engine.recorder.publish_pending
     monkeypatch.setattr(engine.recorder, "publish_pending",
                         lambda: events.append(f"publish:{len(engine.recorder._pending)}")

@@ -53,6 +53,14 @@ def test_bad_plan_options_exit_2_before_libtpu_is_loaded(tmp_path, args, message
     assert time.monotonic() - start < 60  # refused up front: nothing compiled
 
 
+def test_a_suites_timing_rounds_do_not_stop_its_plan(tmp_path):
+    """tpu7x-nightly runs 4 rounds of each cell; its plan is made once, so only an explicit
+    --rounds N > 1 is refused (here the plan gets as far as the target's name)."""
+    proc = plan("--suite", "tpu7x-nightly", "--target", "tpu9:2x2", "--out",
+                str(tmp_path / "out"), timeout=120)
+    _refused(proc, tmp_path, "--target 'tpu9:2x2': give a TPU topology")
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--target", "v5e:3x3"], "--target v5e:3x3: libtpu cannot describe it"),
     (["--mesh", "fsdp=16", "--batch", "16"],
