@@ -36,15 +36,20 @@ parity: $(STAMP)
 	ls parity-out/results/*.jsonl >/dev/null 2>&1 || exit $$status; \
 	$(BIN)/parity report parity-out/results -o parity-out/parity.md && exit $$status
 
+# Two pytest-xdist workers by default (CI's machine has 2 cores; each worker holds a few GiB,
+# so more workers want more memory: TEST_WORKERS=N).
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -m "not slow" --durations=15
+	$(PYTEST) -m "not slow" --durations=15
 
 # The tests marked slow (multi-process runs, nightly and A/B from git refs, and the
 # in-process parity runs that compile every arm at GA 4 or over 8 devices): CI runs them
 # after `make test`.
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow --durations=10
+	$(PYTEST) -m slow --durations=10
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -10,6 +10,10 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8"
                            + " --xla_backend_optimization_level=0").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# `make test` runs two pytest-xdist workers, and tests of both plan with libtpu (compile-only
+# TPU devices: no chip to share), so libtpu's one-process lock is off for the tests' processes;
+# the test of that lock's refusal turns it back on for its own `parity plan`.
+os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
 
 import pathlib
 
@@ -19,8 +23,12 @@ import pytest
 # Tests compile the same tiny programs many times (every engine test builds a fresh engine);
 # XLA's persistent cache serves the repeats. The harness's cells never see this one: each
 # arm of a run gets a cache of its own, shared only by that arm's cells (harness.runner.cell_store).
+# `make test` runs two pytest-xdist workers on one cache. JAX locks the cache (a file lock
+# around each read and write) only when it may evict entries, so a size limit is set: without
+# the lock, a worker could read an entry the other is still writing.
 jax.config.update("jax_compilation_cache_dir",
                   str(pathlib.Path(__file__).parent.parent / ".pytest_cache" / "jax"))
+jax.config.update("jax_compilation_cache_max_size", 16 * 2**30)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
@@ -30,3 +38,4 @@ def devices():
     found = jax.devices()
     assert len(found) == 8, f"expected 8 emulated devices, got {len(found)}: XLA_FLAGS was ignored"
     return found
+

@@ -88,7 +88,8 @@ def test_libtpu_held_by_another_process_exits_2_naming_it(tmp_path):
         stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        proc = plan(*CELL, "--out", str(tmp_path / "out"), timeout=120)
+        proc = plan(*CELL, "--out", str(tmp_path / "out"), timeout=120,
+                    env={target.MULTIPLE_LOAD_ENV: ""})  # the lock as users have it
         _refused(proc, tmp_path, f"libtpu is loaded by another process (pid {holder.pid}")
     finally:
         holder.kill()

@@ -98,14 +98,14 @@ def test_a_cell_that_cannot_fit_is_oom_and_the_suite_exits_1(tmp_path):
     more HBM than the device has: that cell is recorded `oom` with the compiler's words,
     the other plans, and `plan --suite` exits 1 naming the one that does not fit."""
     suite = tmp_path / "too-big.toml"
-    suite.write_text('arms = ["native"]\npreset = "tiny"\nseq = [64, 40960]\nbatch = [64]\n'
+    suite.write_text('arms = ["native"]\npreset = "tiny"\nseq = [64, 8192]\nbatch = [64]\n'
                      'ga = [1]\nremat = "full"\ntarget = "tpu7x:2x2x1"\n')
     proc = plan("--suite", str(suite), "--out", str(tmp_path / "out"), timeout=900)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "native tiny seq=40960 batch=64 ga=1: oom:" in proc.stderr
+    assert "native tiny seq=8192 batch=64 ga=1: oom:" in proc.stderr
     assert "seq=64 " not in proc.stderr
     records = {r.spec.seq: r for r in read_dir(tmp_path / "out")}
     assert records[64].ok and records[64].plan.fits
-    assert records[40960].error.reason == "oom"
-    assert "exceeds available HBM" in records[40960].error.message
+    assert records[8192].error.reason == "oom"
+    assert "exceeds available HBM" in records[8192].error.message
     assert pathlib.Path(tmp_path / "out").is_dir()
