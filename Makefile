@@ -37,9 +37,10 @@ parity: $(STAMP)
 	$(BIN)/parity report parity-out/results -o parity-out/parity.md && exit $$status
 
 # Two pytest-xdist workers by default (CI's machine has 2 cores; each worker holds a few GiB,
-# so more workers want more memory: TEST_WORKERS=N).
+# so more workers want more memory: TEST_WORKERS=N). A module's tests run on one worker, so a
+# module-scoped fixture (a plan of every arm, a pair of runs) is built once.
 TEST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
 
 test: $(STAMP)
 	$(BIN)/ruff check .
