@@ -38,4 +38,3 @@ def devices():
     found = jax.devices()
     assert len(found) == 8, f"expected 8 emulated devices, got {len(found)}: XLA_FLAGS was ignored"
     return found
-
