@@ -7,8 +7,7 @@ import pathlib
 import pytest
 
 from harness.plan import hlo
-from reports.records import read_dir
-from tests.harness.plan.test_cli_plan import plan
+from tests.harness.plan.test_cli_plan import plan_arms
 
 pytestmark = pytest.mark.slow
 
@@ -18,11 +17,8 @@ SHAPE = ["--preset", "tiny-untied", "--seq", "32", "--batch", "16", "--ga", "2",
 
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
-    out = tmp_path_factory.mktemp("plans")
-    proc = plan("--arms", "engine,engine-fused,native", *SHAPE, "--save-hlo", "--out",
-                str(out), timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return {r.arm: r for r in read_dir(out)}
+    return plan_arms(tmp_path_factory.mktemp("plans"), ["engine", "engine-fused", "native"],
+                     *SHAPE, "--save-hlo")
 
 
 def _text(record, executable: str) -> str:

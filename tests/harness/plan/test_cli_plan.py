@@ -119,6 +119,13 @@ def _shard_bytes(state, sizes: dict[str, int]) -> int:
 TINY = ["--preset", "tiny-untied", "--seq", "16", "--batch", "8", "--mesh", "fsdp=4,tensor=2"]
 
 
+def plan_arms(out: pathlib.Path, arms: list[str], *args: str) -> dict:
+    """`parity plan --arms ARMS ARGS --out OUT`, which must plan every cell: arm -> record."""
+    proc = plan("--arms", ",".join(arms), *args, "--out", str(out), timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {r.arm: r for r in read_dir(out)}
+
+
 def _planned(arm: str, out: pathlib.Path, run_id: str, *extra: str):
     proc = plan("--arms", arm, *TINY, *extra, "--out", str(out), "--run-id", run_id)
     assert proc.returncode == 0, proc.stderr[-3000:]

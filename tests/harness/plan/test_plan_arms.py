@@ -9,7 +9,7 @@ import pytest
 
 from arms.registry import NAMED_ARMS
 from reports.records import read_dir
-from tests.harness.plan.test_cli_plan import REPO, plan
+from tests.harness.plan.test_cli_plan import REPO, plan, plan_arms
 
 pytestmark = pytest.mark.slow
 
@@ -20,9 +20,7 @@ SHAPE = ["--preset", "tiny-untied", "--seq", "16", "--batch", "16", "--ga", "2",
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
     out = tmp_path_factory.mktemp("plans")
-    proc = plan("--arms", ",".join(NAMED_ARMS), *SHAPE, "--out", str(out), timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out, {r.arm: r for r in read_dir(out)}
+    return out, plan_arms(out, list(NAMED_ARMS), *SHAPE)
 
 
 def test_every_arm_plans_through_its_own_step(planned):
