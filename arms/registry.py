@@ -93,6 +93,26 @@ def resolve(name: str) -> tuple[str, str]:
     raise ValueError(f"unknown arm {name!r}; valid arms: {arms_help()}")
 
 
+CANNOT_SHARE_A_PROCESS: dict[str, str] = {
+    "peft": "Tunix's PeftTrainer changes process-wide state the next trainer would inherit "
+            "(it turns on flax_always_shard_variable, and its close() clears every "
+            "jax.monitoring listener)",
+    "maxtext-engine": "MaxText keeps its config in module globals (pyconfig), so two of its "
+                      "engines in one process share one config",
+    "maxtext": "the real MaxText model reads MaxText's config globals (pyconfig)",
+    "tunix": "Tunix's Qwen3 is built beside Tunix's process-wide flax settings",
+}
+"""Trainers and model kinds whose arms cannot be built in one process with another arm
+(`parity run --pairing in-process`), and why."""
+
+
+def cannot_share_a_process(name: str) -> str:
+    """Why arm `name` cannot share a process with other arms ('' when it can): its trainer or
+    its model changes state the other arms would see."""
+    trainer, model = resolve(name)
+    return CANNOT_SHARE_A_PROCESS.get(trainer) or CANNOT_SHARE_A_PROCESS.get(model, "")
+
+
 def arms_help() -> str:
     """The valid arm names, as one line for errors and --help."""
     pairs = [t for t in TRAINERS.values() if len(t.models) > 1]

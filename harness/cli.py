@@ -97,6 +97,16 @@ class Run(Command):
         parser.add_argument("--selftest", action="store_true",
                             help="run `parity selftest` first, while the arms' packages "
                                  "import; no cell starts unless it passes (exit 1)")
+        parser.add_argument("--pairing", choices=["processes", "in-process"],
+                            default="processes",
+                            help="processes: every cell in processes of its own (--rounds "
+                                 "of them, interleaved); in-process: the arms of a shape "
+                                 "built in one process and timed in alternating slices, "
+                                 "--rounds such processes (only arms that can share a "
+                                 "process: engine, engine-fused, native)")
+        parser.add_argument("--slices", type=int, default=8,
+                            help="in-process pairing: slices the timed steps are cut into "
+                                 "(A B C, B C A, C A B, ...; default 8)")
 
     @classmethod
     def run(cls, args):
@@ -104,9 +114,15 @@ class Run(Command):
         from reports import viewers
 
         distributed = _distributed(args)
+        if args.pairing == "in-process" and (distributed or args.selftest):
+            raise ValueError("--pairing in-process runs on one host without --selftest; "
+                             "drop --num-processes/--distributed-auto and --selftest")
         grid = Grid(args, args.out, processes=args.num_processes or 1, run_id=args.run_id)
         alongside = _selftest if args.selftest and not args.process_id else None
-        path, records = grid.run(distributed=distributed, alongside=alongside)
+        if args.pairing == "in-process":
+            path, records = grid.run_paired(args.slices)
+        else:
+            path, records = grid.run(distributed=distributed, alongside=alongside)
         parity_failed = [r for r in records if console.parity_failed(r)]
         code = 0 if all(r.ok for r in records) and not (
             args.strict_parity and parity_failed) else 1

@@ -242,6 +242,22 @@ class Grid:
                                    **kwargs)
 
 
+    def run_paired(self, slices: int):
+        """(results path, records): each shape's arms in one process, `rounds` processes
+        per shape, timed in `slices` alternating slices (harness.paired)."""
+        from harness import paired
+
+        paired.check([c.arm for c in paired.groups(self.cells)[0]],
+                     self.options.get("steps", 10), slices)
+        with self.progress(len(self.cells) * self.rounds) as (on_start, on_record), \
+                stopped_keeps(self.kept):
+            return paired.run_paired_grid(
+                self.cells, self.out, env=self.env, timeout_s=self.timeout_s,
+                slices=slices, rounds=self.rounds, suite=self.options.get("name"),
+                environment=self.environment, run_id=self.run_id, on_start=on_start,
+                on_record=on_record)
+
+
 MULTI_PROCESS_MESH = "fsdp=-1"
 """The mesh of a multi-process run given none: FSDP over every process's devices (one
 device, the single-process default, cannot hold a batch that several processes feed)."""

@@ -94,6 +94,58 @@ def timed_steps(step, steps: int, block) -> tuple[list[float], list[float], list
     return step_ms, dispatch_ms, wait_ms
 
 
+_PROBE_DATA = np.random.default_rng(0).random(200_000)
+
+
+def probe_ms(repeats: int = 3) -> list[float]:
+    """Wall ms of a fixed piece of host work (sorting the same 200,000 floats, one thread),
+    `repeats` times: a reading of the machine's speed, taken beside a timed window, that no
+    arm's code can change. Processes whose probes differ ran on a machine that differed."""
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.sort(_PROBE_DATA)
+        out.append((time.perf_counter() - start) * 1e3)
+    return out
+
+
+def _cpu_seconds() -> tuple[float, float, float, float] | None:
+    """(steal, busy, total) CPU seconds of the whole machine since boot, from /proc/stat
+    (Linux), and this process's own CPU seconds (every thread; children not included)."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    fields += [0] * (8 - len(fields))
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    own = os.times()
+    return (steal / tick, (user + nice + system + irq + softirq) / tick,
+            sum(fields[:8]) / tick, own.user + own.system)
+
+
+@contextlib.contextmanager
+def machine_noise() -> Iterator[dict]:
+    """Yields a dict filled on exit with readings of the machine during the block that no
+    arm's code changes:
+    - `probe_ms`: the fixed-work probe, 3 times before and 3 after the block;
+    - `other_load`: the share of the machine's CPU time that other processes were busy
+      (the machine's busy time less this process's own), 0 on an otherwise idle machine;
+    - `steal`: the share the hypervisor gave to other guests.
+    Both shares are None where /proc/stat is not readable."""
+    found: dict = {"probe_ms": probe_ms(), "steal": None, "other_load": None}
+    before = _cpu_seconds()
+    yield found
+    after = _cpu_seconds()
+    found["probe_ms"] += probe_ms()
+    if before and after and after[2] > before[2]:
+        total = after[2] - before[2]
+        found["steal"] = (after[0] - before[0]) / total
+        others = (after[1] - before[1]) - (after[3] - before[3])
+        found["other_load"] = min(1.0, max(0.0, others / total))
+
+
 def step_stats(samples_ms: list[float]) -> StepStats:
     """median, mean, max, min, p90 and CV (stdev / mean) of per-step times in ms."""
     if not samples_ms:

@@ -15,8 +15,9 @@ def summary_markdown(rows: list[regression.NightlyRow], threshold: float) -> str
         "# Nightly parity", "",
         f"Regression = median ms/step at least {threshold:.0%} above the comparable history "
         f"(last {regression.BASELINE_RUNS} runs of the same arm, config and environment) with "
-        "the 95% CI of the ratio (bootstrap over runs, then steps) above 1.00 and enough "
-        "runs a side for 95% to be reachable (e.g. 4 + 4); or any cost metric (compiled "
+        "the 95% CI of the ratio (bootstrap over runs, then steps) above 1.00; with too few "
+        "runs a side for 95% to be reachable (under e.g. 4 + 4), above the process-spread "
+        "bound too (reports.stats.spread_bound); or any cost metric (compiled "
         "FLOPs, bytes accessed, planned peak, executions per step, compiles; with --plan, "
         "the target's planned peak, resident state, HBM, FLOPs and collective bytes) above "
         "the latest comparable run's, compared exactly.", "",

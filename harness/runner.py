@@ -348,23 +348,8 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
             record = run_one(cell, {**env, **cell_store(store, cell)}, timeout_s, cwd, zygote)
             if zygote is not None and zygote.forked == 1 and record.phases is not None:
                 record.phases = {"preload": zygote.ready_s, **record.phases}
-            record.run_id, record.suite, record.arm = run_id, suite, cell.arm
-            record.round = first_round + round_index
-            record.spec = section(Spec, cell.spec)
-            record.config_hash = _config_hash(cell)
-            record.run = RunOptions(steps=cell.steps, warmup=cell.warmup, trace=cell.trace,
-                                    trace_steps=cell.trace_steps, parity=cell.parity,
-                                    trace_hlo=cell.trace_hlo, plan_target=cell.plan_target,
-                                    plan_slices=cell.plan_slices,
-                                    plan_libtpu=cell.plan_libtpu)
-            record.timestamp = datetime.datetime.now(datetime.UTC).isoformat()
-            record.ab = ab
-            if record.environment is None and environment is not None:
-                record.environment = section(Environment, environment)
-            if record.environment is not None:
-                # The runner chose the cell's allocator, so the runner records it (also for
-                # an A/B ref whose worker predates the field).
-                record.environment.host_malloc = host_malloc(env)
+            stamp(record, cell, run_id=run_id, suite=suite, round_index=first_round + round_index,
+                  env=env, environment=environment, ab=ab)
             if writer:
                 try:
                     results.append(path, record)
@@ -380,6 +365,28 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
             if on_record:
                 on_record(index, record)
     return path, records
+
+
+def stamp(record: Record, cell: CellRun, *, run_id: str, suite: str | None, round_index: int,
+          env: dict[str, str], environment: dict | None, ab: ABTag | None = None) -> None:
+    """Fills in what the runner knows of a cell's record: ids, spec, options, time, and the
+    environment where the worker died before writing its own."""
+    record.run_id, record.suite, record.arm = run_id, suite, cell.arm
+    record.round = round_index
+    record.spec = section(Spec, cell.spec)
+    record.config_hash = _config_hash(cell)
+    record.run = RunOptions(steps=cell.steps, warmup=cell.warmup, trace=cell.trace,
+                            trace_steps=cell.trace_steps, parity=cell.parity,
+                            trace_hlo=cell.trace_hlo, plan_target=cell.plan_target,
+                            plan_slices=cell.plan_slices, plan_libtpu=cell.plan_libtpu)
+    record.timestamp = datetime.datetime.now(datetime.UTC).isoformat()
+    record.ab = ab
+    if record.environment is None and environment is not None:
+        record.environment = section(Environment, environment)
+    if record.environment is not None:
+        # The runner chose the cell's allocator, so the runner records it (also for an A/B
+        # ref whose worker predates the field).
+        record.environment.host_malloc = host_malloc(env)
 
 
 def recorded(path: Path, run_id: str) -> set[tuple]:

@@ -286,7 +286,8 @@ def _timed_window(arm, batches, run: CellRun, spec, compiles,
     compiled_before = compiles.count
     measure.settle_heap()
     gc_pauses = measure.GCPauses()
-    with gc_pauses.watch(), measure.rss_high_water() as rss:
+    with measure.machine_noise() as noise, gc_pauses.watch(), \
+            measure.rss_high_water() as rss:
         step_ms, dispatch_ms, wait_ms = measure.timed_steps(lambda: arm.step(batches),
                                                             run.steps, _block)
     stats = measure.step_stats(step_ms)
@@ -299,7 +300,9 @@ def _timed_window(arm, batches, run: CellRun, spec, compiles,
         build_s=build_s, compile_s=arm.compile_seconds,
         recompiles_after_warmup=compiles.count - compiled_before,
         executions_per_step=arm.executions_per_step(),
-        compiles=compiles.count, compile_cache_hits=compiles.cache_hits), rss["rss_delta_bytes"]
+        compiles=compiles.count, compile_cache_hits=compiles.cache_hits,
+        probe_ms=noise["probe_ms"], steal=noise["steal"],
+        other_load=noise["other_load"]), rss["rss_delta_bytes"]
 
 
 def _planned_memory(executables) -> dict[str, ExecutableMemory | None]:
@@ -469,13 +472,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Runs one parity cell (used by `parity run`).")
     parser.add_argument("--cell", required=True, help="CellRun as JSON")
     parser.add_argument("--out", required=True, help="file the record JSON is written to")
+    parser.add_argument("--slices", type=int, default=0,
+                        help="--cell is a list of one shape's cells, timed in this many "
+                        "alternating slices in this process (harness.paired); the records "
+                        "go to --out as a JSON list")
     args = parser.parse_args(argv)
-    run = CellRun(**json.loads(args.cell))
     import os
 
     spawned = os.environ.get(SPAWNED_AT)
     phases = Phases(float(spawned) if spawned else None)
     from harness.environment import environment
+
+    if args.slices:
+        return _paired_main(json.loads(args.cell), args.slices, args.out, phases)
+    run = CellRun(**json.loads(args.cell))
 
     try:
         init_distributed(run)
@@ -488,6 +498,24 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.out, "w") as out:
         json.dump(record.to_json(), out)
     return 0 if record.ok else 1
+
+
+def _paired_main(cells: list[dict], slices: int, out_path: str, phases: Phases) -> int:
+    from harness.environment import environment
+    from harness.paired import run_paired
+
+    runs = [CellRun(**cell) for cell in cells]
+    try:
+        records = run_paired(runs, slices, phases)
+    except Exception as err:  # recorded, not raised: every arm of the process failed
+        records = [Record(status="failed", error=exception_failure(err, run)) for run in runs]
+    env = section(Environment, environment())
+    phases.end("record")
+    for record in records:
+        record.environment, record.phases = env, phases.seconds
+    with open(out_path, "w") as out:
+        json.dump([record.to_json() for record in records], out)
+    return 0 if all(record.ok for record in records) else 1
 
 
 if __name__ == "__main__":

@@ -89,6 +89,11 @@ def compare_cells(old: Cell, new: Cell, *, paired: bool = False,
                   min_effect: float = stats.MIN_EFFECT) -> CellComparison:
     warnings = [f"{side}: {w}" for side, cell in (("old", old), ("new", new))
                 for w in ([*(stats.warnings(cell.runs) if cell.runs else []),
+                           *stats.machine_warnings(
+                               [r.timing.probe_ms for r in cell.ok
+                                if r.timing and r.timing.probe_ms],
+                               [r.timing.steal for r in cell.ok if r.timing],
+                               [r.timing.other_load for r in cell.ok if r.timing]),
                            *costs.nondeterministic(cell.ok)] if cell.ok else [])]
     failed = _counted(f"{side}: {r.error.reason}: {r.error.message}"
                       for side, cell in (("old", old), ("new", new))
@@ -170,8 +175,10 @@ def markdown(rows: Sequence[CellComparison], *, old_label: str = "old",
         f"Ratio = median {new_label} / median {old_label} (above 1.00: {new_label} is "
         f"slower), 95% CI from a bootstrap over runs then steps; a verdict needs the CI to "
         f"exclude 1.00, a difference of at least {min_effect:.0%}, {stats.MIN_STEPS}+ steps "
-        "a run and enough runs for 95% to be reachable at all (6+ interleaved pairs, or "
-        "e.g. 4 + 4 independent runs; else 'too few samples'). MDE = the smallest "
+        "a run; with too few runs for 95% to be reachable by the CI alone (under 6 "
+        "interleaved pairs, or e.g. 4 + 4 independent runs), the CI must also clear the "
+        f"process-spread bound (log-SD {stats.PROCESS_LOG_SD:g} a process, measured on a "
+        "2-core CPU; 2.0x at one run a side), else 'too few samples'. MDE = the smallest "
         "relative difference these samples can detect. Cost metrics are compared exactly.",
         "",
         f"| cell | {old_label} median ms | {new_label} median ms | runs | ratio [95% CI] "

@@ -27,7 +27,7 @@ def _image(title: str, path: Path, embed: bool) -> str:
 
 
 def _section(df: pd.DataFrame, out_dir: Path, prefix: str, baseline_arm: str, how: str,
-             embed: bool) -> str:
+             embed: bool, plans: pd.DataFrame | None = None) -> str:
     headline = plots.speedups(df, out_dir / f"{prefix}speedup.png", baseline_arm)
     figures = {
         "Step-time distribution": plots.step_time_distribution(
@@ -36,7 +36,7 @@ def _section(df: pd.DataFrame, out_dir: Path, prefix: str, baseline_arm: str, ho
         "Memory": plots.memory_bars(df, out_dir / f"{prefix}memory.png"),
     }
     parts = [
-        "### Summary", summary.summary(df, baseline_arm, how),
+        "### Summary", summary.summary(df, baseline_arm, how, plans),
         _image(f"Speedup vs {baseline_arm}", headline, embed),
         details("Setup", tables.setup(df)),
         details("ms/step", "Untraced timing; each round is a separate process, rounds "
@@ -44,9 +44,10 @@ def _section(df: pd.DataFrame, out_dir: Path, prefix: str, baseline_arm: str, ho
                 "medians, with a 95% bootstrap CI over rounds. Speedup = median(other) / "
                 "median(arm): above 1.00x the arm is faster; its bracket is the 95% CI of "
                 "reports.stats (bootstrap over rounds, then steps) and a verdict needs a "
-                f"{stats.MIN_EFFECT:.0%}+ difference and enough rounds for 95% to be reachable "
-                "(4+ a side; interleaved rounds count as pairs from "
-                f"{stats.MIN_PAIRS}).", tables.timing(df, baseline_arm)),
+                f"{stats.MIN_EFFECT:.0%}+ difference; with fewer rounds than 95% needs (4+ "
+                f"a side; interleaved rounds count as pairs from {stats.MIN_PAIRS}), the CI "
+                "must also clear the process-spread bound (reports.stats.spread_bound).",
+                tables.timing(df, baseline_arm)),
         details("Cost per step", "Model FLOPs: one formula for every arm (MaxText's: 6 x "
                 "matmul params x tokens + causal attention; remat recompute excluded). "
                 "Compiled FLOPs and bytes: XLA's cost model of every executable x its calls "
@@ -125,7 +126,8 @@ def render(results: str | Path, output: str | Path, *, baseline_arm: str | None 
             timed = group[~planned].reset_index(drop=True)
             if not timed.empty:
                 arm, how = _baseline(timed, baseline_arm)
-                parts.append(_section(timed, staged, prefix, arm, how, embed_images))
+                parts.append(_section(timed, staged, prefix, arm, how, embed_images,
+                                      group[planned].reset_index(drop=True)))
             if planned.any():
                 plans = group[planned].reset_index(drop=True)
                 arm, _ = _baseline(plans, baseline_arm)

@@ -79,6 +79,10 @@ class RunOptions:
     plan_libtpu: str | None = None
     """The libtpu (the TPU compiler) version that planned it: plans of other versions are
     not compared."""
+    pairing: list[str] | None = None
+    """Timed in one process with these arms (`--pairing in-process`), in alternating
+    slices; None: the cell had its process to itself. Samples of the two ways are not
+    pooled or compared (other arms share the caches and allocator)."""
 
 
 @_section
@@ -128,6 +132,20 @@ class Timing:
     cell's arm share (harness.runner.cell_store: later rounds load every program, another
     shape what does not depend on the shape): 0 means every compile, and so compile_s and
     build_s, was cold; None in records written before the cache existed (cold)."""
+    probe_ms: list[float] | None = None
+    """A fixed piece of host work (harness.measure.probe_ms) timed 3 times before and 3
+    after the window: the machine's speed while the cell ran, which no arm's code changes.
+    None in records written before the probe existed."""
+    steal: float | None = None
+    """Share of the machine's CPU time the hypervisor gave other guests during the window
+    (/proc/stat); None where unreadable."""
+    other_load: float | None = None
+    """Share of the machine's CPU time other processes kept busy during the window (the
+    machine's busy time in /proc/stat less the cell process's own); None where unreadable."""
+    slices: list[int] | None = None
+    """In-process pairing: the steps of each slice, in the order they ran (`step_ms` is
+    their concatenation; slice i of every arm of the process ran next to each other);
+    None: one uninterrupted window."""
 
 
 @_section
@@ -422,7 +440,8 @@ class Record:
         if self.run and self.run.plan_target:  # a plan: its target, not how it would be run
             run = ("plan", self.run.plan_target, self.run.plan_slices, self.run.plan_libtpu)
         elif self.run:
-            run = (self.run.steps, self.run.warmup)
+            run = (self.run.steps, self.run.warmup,
+                   *((tuple(self.run.pairing),) if self.run.pairing else ()))
         return (self.arm, self.config_hash, run, env)
 
     def to_json(self) -> dict[str, Any]:

@@ -20,10 +20,14 @@ code. The rule:
   bootstrap", 2015): its tails are those of a normal at sqrt(n/(n-1)) * t(n-1) instead of z,
   n being the fewer runs of the two sides (the pairs, when paired);
 - verdict: "slower"/"faster" only when the CI excludes 1.00 and the ratio is at least
-  `min_effect` away from 1, with `MIN_STEPS`+ steps per run and enough runs that the CI
+  `min_effect` away from 1, with `MIN_STEPS`+ steps per run. With enough runs that the CI
   could reach 95% at all (`luck_bound`: 6+ interleaved pairs, or e.g. 4 + 4 independent
-  runs); fewer is "too few samples", never significant. Otherwise "no detectable
-  difference";
+  runs), the CI decides. With fewer, the bootstrap cannot see how far whole processes of
+  identical code fall apart, so the CI is widened by the *process-spread bound*
+  (`spread_bound`): a log-normal process offset of SD `PROCESS_LOG_SD` (or the runs' own
+  spread, if larger) on each side, at the confidence's normal quantile. An effect beyond the
+  widened CI is decided (a tripled step time with one run a side is slower); one inside it
+  is "too few samples", never significant. Otherwise "no detectable difference";
 - MDE (minimum detectable effect): the CI's half-width relative to the ratio.
 
 `median_ci` gives one cell's median over runs with a run-level CI (scipy.stats.bootstrap),
@@ -53,6 +57,15 @@ MIN_PAIRS = 6
 """Fewest interleaved pairs of runs for a paired verdict (2^(1-6) = 3.1% <= 5%)."""
 MIN_STEPS = 5
 """Fewest timed steps per run for a verdict."""
+PROCESS_LOG_SD = 0.25
+"""SD of log(per-process median) between processes of identical code, the bound a verdict
+from too few runs must clear. Measured on this project's CI machine type (2-core x86 VM, no
+accelerator) with `parity run --arms native --preset small --seq 64 --batch 8 --ga 1 --steps
+20 --rounds 10`: 0.04-0.08 on an idle machine, 0.147 in an earlier measurement, 0.22-0.29
+where another process shared the machine for part of the run (which `timing.other_load`
+now shows). 0.25 is taken: a quieter host (an accelerator) spreads less, so this errs
+towards "too few samples", never towards a false verdict. With one run a side the bound is
+a factor exp(1.96 x 0.25 x sqrt(2)) = 2.0."""
 MAX_CV = 0.10
 """Step-time CV above which a run is flagged unstable (pyperf warns at 10% too)."""
 MAX_RUN_SPREAD = 0.10
@@ -80,11 +93,17 @@ class Comparison:
     """Fewest steps in any run of either side."""
     paired: bool
     """Runs were resampled as interleaved pairs."""
+    spread_bound: float = 1.0
+    """The factor by which whole processes of identical code may differ at the confidence
+    level, for these run counts (`spread_bound`); it widens the CI where runs are too few."""
 
     @property
     def mde(self) -> float:
-        """Half the CI's width relative to the ratio: smaller differences are invisible."""
-        return (self.high - self.low) / 2 / self.ratio
+        """Half the width of the interval a verdict must clear, relative to the ratio:
+        smaller differences are invisible. That interval is the CI, widened by the
+        process-spread bound where runs are too few (see `verdict`)."""
+        widen = 1.0 if self.enough else self.spread_bound
+        return (self.high * widen - self.low / widen) / 2 / self.ratio
 
     @property
     def enough(self) -> bool:
@@ -141,7 +160,62 @@ def compare(old: Runs, new: Runs, *, paired: bool = False, seed: int = SEED,
     return Comparison(ratio=ratio, low=float(np.percentile(ratios, tail)),
                       high=float(np.percentile(ratios, 100 - tail)),
                       runs_old=len(old_runs), runs_new=len(new_runs),
-                      min_steps=min(len(r) for r in [*old_runs, *new_runs]), paired=paired)
+                      min_steps=min(len(r) for r in [*old_runs, *new_runs]), paired=paired,
+                      spread_bound=spread_bound(old_runs, new_runs))
+
+
+def compare_slices(old: Sequence[Sequence[Sequence[float]]],
+                   new: Sequence[Sequence[Sequence[float]]], *, seed: int = SEED,
+                   resamples: int = RESAMPLES) -> Comparison:
+    """median(new)/median(old) of two arms timed in one process in alternating slices
+    (in-process pairing), each side given as processes x slices x steps.
+
+    Slice i of process p of both sides ran next to each other, so they are resampled
+    together: a three-level paired bootstrap (processes, then the slices inside each, then
+    steps inside each slice, the steps drawn apart for each side). The unit of the verdict
+    is the slice pair: `runs_old`/`runs_new` count them, so 6+ pairs can reach 95%
+    (`luck_bound`) and the interval is expanded for that many. Drawing processes first keeps
+    the luck of one process (an arm that happens to sit badly in its memory) inside the CI.
+    """
+    o, n = np.asarray(old, np.float64), np.asarray(new, np.float64)
+    if o.ndim != 3 or o.shape[:2] != n.shape[:2] or not o.size or not n.size:
+        raise ValueError(f"slices to compare must be processes x slices x steps of equal "
+                         f"processes and slices, got {o.shape} and {n.shape}")
+    procs, slices = o.shape[:2]
+    rng = np.random.default_rng(seed)
+    pick_p = rng.integers(0, procs, (resamples, procs))[:, :, None, None]
+    pick_s = rng.integers(0, slices, (resamples, procs, slices))[:, :, :, None]
+
+    def medians(x: np.ndarray) -> np.ndarray:
+        steps = rng.integers(0, x.shape[2], (resamples, procs, slices, x.shape[2]))
+        return np.median(x[pick_p, pick_s, steps].reshape(resamples, -1), axis=1)
+
+    ratios = medians(n) / medians(o)
+    tail = expanded_tail(procs * slices) * 100
+    ratio = float(np.median(n) / np.median(o))
+    return Comparison(ratio=ratio, low=float(np.percentile(ratios, tail)),
+                      high=float(np.percentile(ratios, 100 - tail)),
+                      runs_old=procs * slices, runs_new=procs * slices,
+                      min_steps=min(o.shape[1] * o.shape[2], n.shape[1] * n.shape[2]),
+                      paired=True, spread_bound=spread_bound(
+                          [r.ravel() for r in o], [r.ravel() for r in n]))
+
+
+def spread_bound(old: Sequence[np.ndarray], new: Sequence[np.ndarray],
+                 confidence: float = CONFIDENCE) -> float:
+    """exp(z x sd x sqrt(1/a + 1/b)) for a and b runs: how far apart the pooled medians of
+    two sides of identical code may fall through process-to-process spread alone. sd is
+    `PROCESS_LOG_SD`, or the SD of the runs' log medians around their side's mean where that
+    is larger (a noisier machine than the one measured)."""
+    from scipy import stats as scipy_stats
+
+    logs = [np.log([np.median(r) for r in side]) for side in (old, new)]
+    deviations = np.concatenate([side - side.mean() for side in logs])
+    dof = len(deviations) - 2
+    observed = float(np.sqrt((deviations**2).sum() / dof)) if dof > 0 else 0.0
+    sd = max(PROCESS_LOG_SD, observed)
+    z = scipy_stats.norm.ppf(1 - (1 - confidence) / 2)
+    return float(np.exp(z * sd * np.sqrt(1 / len(old) + 1 / len(new))))
 
 
 def luck_bound(runs_old: int, runs_new: int, paired: bool) -> float:
@@ -168,14 +242,20 @@ def expanded_tail(n: int, confidence: float = CONFIDENCE) -> float:
 
 
 def verdict(c: Comparison, min_effect: float = MIN_EFFECT) -> str:
-    """"slower", "faster", "no detectable difference" or "too few samples" (new vs old)."""
-    if not c.enough:
+    """"slower", "faster", "no detectable difference" or "too few samples" (new vs old).
+
+    Too few runs for the CI to reach the confidence (`luck_bound`): decided only where the
+    CI clears the process-spread bound too (`Comparison.spread_bound`), else too few."""
+    if c.min_steps < MIN_STEPS:
         return TOO_FEW
-    if c.low > 1.0 and c.ratio >= 1 + min_effect:
+    low, high = c.low, c.high
+    if not c.enough:
+        low, high = low / c.spread_bound, high * c.spread_bound
+    if low > 1.0 and c.ratio >= 1 + min_effect:
         return SLOWER
-    if c.high < 1.0 and c.ratio <= 1 - min_effect:
+    if high < 1.0 and c.ratio <= 1 - min_effect:
         return FASTER
-    return SAME
+    return SAME if c.enough else TOO_FEW
 
 
 def is_regression(c: Comparison, threshold: float) -> bool:
@@ -233,3 +313,42 @@ def warnings(runs: Runs) -> list[str]:
             found.append(f"runs disagree: medians {medians.min():.3g}-{medians.max():.3g} ms "
                          f"({spread:.0%} spread > {MAX_RUN_SPREAD:.0%})")
     return found
+
+
+MAX_STEAL = 0.02
+"""Share of CPU time stolen by the hypervisor during a window above which it is flagged."""
+MAX_OTHER_LOAD = 0.10
+"""Share of the machine's CPU time other processes kept busy during a window above which
+it is flagged (measured here: a cell sharing the 2-core VM with one other cell process ran
+up to 2x slower)."""
+
+
+def machine_warnings(probes: Sequence[Sequence[float]], steals: Sequence[float | None],
+                     other_loads: Sequence[float | None] = ()) -> list[str]:
+    """'The machine was noisy' warnings for one cell's runs, from readings no arm's code can
+    change: other processes busy for more than `MAX_OTHER_LOAD` of the machine's CPU during
+    a run; the fixed-work probe (harness.measure.probe_ms) of each run, whose medians
+    disagree by more than `MAX_RUN_SPREAD` when the machine's speed changed between runs
+    (or scatter by more than `MAX_CV` inside a run); and hypervisor steal above
+    `MAX_STEAL`."""
+    found = []
+    busiest = max((x for x in other_loads if x is not None), default=None)
+    if busiest is not None and busiest > MAX_OTHER_LOAD:
+        found.append(f"machine busy: other processes used {busiest:.0%} of its CPU during "
+                     "a run")
+    medians = np.array([np.median(p) for p in probes if len(p)])
+    if len(medians) > 1:
+        spread = float(np.ptp(medians) / np.median(medians))
+        if spread > MAX_RUN_SPREAD:
+            found.append(f"machine noisy: the fixed-work probe took {medians.min():.2f}-"
+                         f"{medians.max():.2f} ms across runs ({spread:.0%} spread)")
+    worst = max((cv(p) for p in probes), default=0.0)
+    if worst > MAX_CV:
+        found.append(f"machine noisy: the fixed-work probe scattered {worst:.0%} (CV) "
+                     "around a run")
+    stolen = max((x for x in steals if x is not None), default=None)
+    if stolen is not None and stolen > MAX_STEAL:
+        found.append(f"machine noisy: the hypervisor took {stolen:.1%} of CPU time during "
+                     "a run (steal)")
+    return found
+

@@ -1,9 +1,17 @@
 """The summary at the top of the parity document: one screen a reviewer can act on.
 
-Per shape: every arm's median, its speedup against the baseline with the CI and verdict of
-the one statistics rule (`reports.stats`), the fastest arm among those that do the exact work,
-and gradient parity as PASS / FAIL with rel_l2, the tolerance and a FAIL's known cause
-(`reports.parity`). Then the cells whose timings are unstable and the cells that failed.
+What is decided comes first. Per shape:
+1. the exact comparisons against the baseline, each a ratio that needs no CI: bytes accessed
+   per step, planned peak (largest executable), executions per step, compiled FLOPs per model
+   FLOP and, where `parity plan` planned the same shape, the target's planned peak, HBM and
+   collective bytes per step;
+2. gradient parity as PASS / FAIL with rel_l2, the tolerance and a FAIL's known cause
+   (`reports.parity`);
+3. timing: every arm's median and speedup with the CI and verdict of the one statistics rule
+   (`reports.stats`). An arm is called the fastest only when its lead over every other arm
+   doing the baseline's work is itself a verdict; otherwise the shape has "no timing verdict"
+   and the noise (the MDE of the closest pair) is said.
+Then the cells whose timings are unstable and the cells that failed.
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ import pandas as pd
 from reports import baseline, stats
 from reports.parity import GRAD_TOLERANCE, PASS
 from reports.tables import (
+    ARM_VIEW,
+    MISSING,
     by_shape,
     fails_parity,
     failure_message,
@@ -20,10 +30,71 @@ from reports.tables import (
     not_comparable,
     ok,
     recompiles,
+    same_shape,
     shape_label,
+    speedup,
     speedup_text,
     verdict_of,
+    work_ratio,
 )
+from reports.work import different_work
+
+EXACT = [  # (column, header, format of one value)
+    ("bytes_accessed_per_step", "bytes accessed/step", lambda v: f"{v / 2**20:.1f} MiB"),
+    ("planned_bytes", "planned peak (largest executable)", lambda v: f"{v / 2**20:.1f} MiB"),
+    ("executions_per_step", "executions/step", lambda v: f"{v:.0f}"),
+    ("flops_per_model_flop", "compiled/model FLOPs", lambda v: f"{v:.3f}"),
+]
+PLANNED = [  # the same, from a `parity plan` record of the same arm and shape
+    ("plan_peak", "planned peak on {target}", lambda v: f"{v / 2**30:.3f} GiB"),
+    ("plan_hbm_per_step", "HBM/step on {target}", lambda v: f"{v / 2**30:.3f} GiB"),
+    ("plan_collective_bytes", "collective bytes/step on {target}",
+     lambda v: f"{v / 2**30:.3f} GiB"),
+]
+
+
+def _value(row, column):
+    if row is None or column not in row.index:
+        return None
+    value = row[column]
+    return None if value is None or pd.isna(value) else float(value)
+
+
+def _exact_cell(row, base, column, fmt) -> str:
+    """'2179.5 MiB (0.74x)': the value and its ratio to the baseline's."""
+    mine, theirs = _value(row, column), _value(base, column)
+    if mine is None:
+        return MISSING
+    ratio = f" ({mine / theirs:.2f}x)" if theirs else ""
+    return fmt(mine) + ratio
+
+
+def _plan_of(plans: pd.DataFrame | None, row):
+    """The ok plan record of this arm at this shape, or None."""
+    if plans is None or plans.empty:
+        return None
+    same = same_shape(ok(plans), row, row["arm"])
+    return same.iloc[0] if not same.empty else None
+
+
+def exact(frame: pd.DataFrame, baseline_arm: str, plans: pd.DataFrame | None = None) -> str:
+    """The exact comparisons of every timed cell against the baseline arm of its shape."""
+    target = (", ".join(dict.fromkeys(ok(plans)["plan_target"]))
+              if plans is not None and not ok(plans).empty else "")
+    columns = EXACT + ([(c, h.format(target=target), f) for c, h, f in PLANNED]
+                       if target else [])
+    rows = []
+    for _, r in frame.iterrows():
+        base_rows = same_shape(frame, r, baseline_arm)
+        base = base_rows.iloc[0] if not base_rows.empty else None
+        cells = [_exact_cell(r, base, c, f) for c, _, f in EXACT]
+        if target:
+            plan, base_plan = _plan_of(plans, r), (None if base is None
+                                                   else _plan_of(plans, base))
+            cells += [_exact_cell(plan, base_plan, c, f) for c, _, f in PLANNED]
+        rows.append((shape_label(r), r["arm"], *cells))
+    return markdown(["shape", "arm", *[h for _, h, _ in columns]], rows,
+                    why={"compiled/model FLOPs": "no model FLOP formula or compiled cost"})
 
 
 def _parity(row) -> str:
@@ -36,37 +107,73 @@ def _parity(row) -> str:
     return f"**FAIL** {rel}: {verdict.cause}"
 
 
+def gradient_parity(frame: pd.DataFrame) -> str:
+    rows = [(shape_label(r), r["arm"], _parity(r)) for _, r in frame.iterrows()]
+    verdicts = [verdict_of(r) for _, r in frame.iterrows()]
+    passed = sum(v is not None and v.status == PASS for v in verdicts)
+    failed = sum(v is not None and v.status != PASS for v in verdicts)
+    unchecked = len(verdicts) - passed - failed
+    return "\n\n".join([
+        markdown(["shape", "arm", f"gradient parity (rel_l2, PASS <= {GRAD_TOLERANCE:g})"],
+                 rows),
+        f"Gradient parity: {passed} PASS, {failed} FAIL"
+        + (f", {unchecked} not checked" if unchecked else "") + "."])
+
+
+def _baselines_work(frame: pd.DataFrame, row, baseline_arm: str) -> bool:
+    """Does the arm do the baseline's work (the same compiled FLOPs per model FLOP, within
+    reports.work's tolerance)? A baseline failing gradient parity still sets the work."""
+    base = same_shape(frame, row, baseline_arm)
+    return base.empty or not different_work(work_ratio(row), work_ratio(base.iloc[0]))
+
+
+def fastest(frame: pd.DataFrame, group: pd.DataFrame, baseline_arm: str
+            ) -> tuple[str | None, str]:
+    """(the fastest arm of one shape, or None; why). Among the arms doing the baseline's
+    work (parity PASS, the same compiled FLOPs per model FLOP), the one with the lowest
+    median is the fastest only when the statistics rule calls it faster than each other
+    such arm; otherwise why not, with the noise of the closest pair (its MDE)."""
+    exact_arms = [r for _, r in group.sort_values("median_ms", kind="stable").iterrows()
+                  if not fails_parity(r) and _baselines_work(frame, r, baseline_arm)]
+    if len(exact_arms) < 2:
+        return None, "fewer than two arms doing the same work"
+    leader, runner_up = exact_arms[0], exact_arms[1]
+    for other in exact_arms[1:]:
+        c = speedup(frame, leader, other["arm"])
+        if c is None or ARM_VIEW[stats.verdict(c)] != "faster":
+            closest = speedup(frame, leader, runner_up["arm"])
+            noise = f"noise {closest.mde:.0%}" if closest else "no comparison"
+            return None, (f"no timing verdict ({noise}: {leader['arm']} vs "
+                          f"{runner_up['arm']} {closest.ratio:.2f}x, "
+                          f"{ARM_VIEW[stats.verdict(closest)]})" if closest else noise)
+    return leader["arm"], f"{leader['arm']} is faster than every other arm beyond noise"
+
+
 def _shape_rows(frame: pd.DataFrame, label: str, group: pd.DataFrame, baseline_arm: str
                 ) -> tuple[list[tuple], list[str]]:
-    """The summary rows of one shape (fastest first) and the notes they need."""
+    """The timing rows of one shape (lowest median first) and the notes they need."""
     group = group.sort_values("median_ms", kind="stable")
-    # The fastest is chosen among the arms doing the baseline's work: parity PASS, and the
-    # same compiled FLOPs per model FLOP (reports.work).
-    exact = [r for _, r in group.iterrows()
-             if not fails_parity(r) and not not_comparable(frame, r, baseline_arm)]
-    fastest = exact[0]["arm"] if exact else None
-    rows, notes = [], []
+    leader, why = fastest(frame, group, baseline_arm)
+    rows, notes = [], [f"{label}: " + (f"fastest **{leader}** ({why})" if leader else why)]
     for _, r in group.iterrows():
         ratio, verdict = speedup_text(frame, r, baseline_arm)
         if r["arm"] == baseline_arm:
             ratio = "1.00x (baseline)"
         caveat = not_comparable(frame, r, baseline_arm)
-        arm = f"**{r['arm']}** (fastest)" if r["arm"] == fastest else r["arm"]
+        arm = f"**{r['arm']}** (fastest)" if r["arm"] == leader else r["arm"]
         rows.append((label, arm, f"{r['median_ms']:.1f}", ratio,
-                     "; ".join(v for v in (verdict, caveat) if v), _parity(r)))
-        if fastest and r["arm"] != fastest and r["median_ms"] < exact[0]["median_ms"]:
-            why = ("fails gradient parity" if fails_parity(r) else
-                   f"does {caveat.removesuffix('; not comparable work')}")
+                     "; ".join(v for v in (verdict, caveat) if v)))
+        leader_row = group[group["arm"] == leader]
+        if leader and r["median_ms"] < leader_row.iloc[0]["median_ms"]:
+            why_not = ("fails gradient parity" if fails_parity(r) else
+                       f"does {caveat.removesuffix('; not comparable work')}")
             notes.append(f"{label}: {r['arm']} has a lower median ({r['median_ms']:.1f} ms) "
-                         f"than {fastest} but {why}, so it is not the fastest at the same "
+                         f"than {leader} but {why_not}, so it is not the fastest at the same "
                          "work.")
         if r["arm"] == baseline_arm and fails_parity(r):
             notes.append(f"{label}: the baseline {baseline_arm} fails gradient parity, so "
                          "its time is not the exact work and no speedup against it here "
                          "compares like with like.")
-    if fastest is None:
-        notes.append(f"{label}: every arm fails gradient parity or does other work than the "
-                     "baseline; no arm is the fastest at the same work.")
     return rows, notes
 
 
@@ -90,9 +197,10 @@ def _failed(df: pd.DataFrame) -> str:
     return "\n".join([f"**Failed cells: {len(bad)}** (not timed; details below)", *lines])
 
 
-def summary(df: pd.DataFrame, baseline_arm: str, how: str = "") -> str:
+def summary(df: pd.DataFrame, baseline_arm: str, how: str = "",
+            plans: pd.DataFrame | None = None) -> str:
     """The summary section's markdown (without its heading); `how` says how the baseline
-    was chosen."""
+    was chosen; `plans`: `parity plan` records whose shapes join the exact comparisons."""
     frame = by_shape(ok(df))
     rows, notes = [], []
     labels = [shape_label(r) for _, r in frame.iterrows()]
@@ -101,23 +209,22 @@ def summary(df: pd.DataFrame, baseline_arm: str, how: str = "") -> str:
         shape_rows, shape_notes = _shape_rows(frame, label, group, baseline_arm)
         rows += shape_rows
         notes += shape_notes
-    verdicts = [verdict_of(r) for _, r in frame.iterrows()]
-    passed = sum(v is not None and v.status == PASS for v in verdicts)
-    failed = sum(v is not None and v.status != PASS for v in verdicts)
-    unchecked = len(verdicts) - passed - failed
     parts = [
-        f"Baseline: **{baseline_arm}** ({how or baseline.describe()}). "
-        "Speedup = median ms/step of the baseline / median of the arm: above 1.00x the arm is "
-        f"faster. [95% CI] and verdict by reports.stats (a verdict needs "
-        f"{stats.MIN_EFFECT:.0%}+ and enough rounds). Gradient parity: rel_l2 of the gradient "
-        "the optimizer saw vs the exact sum/sum gradient, PASS at <= "
-        f"{GRAD_TOLERANCE:g}; an arm that fails is still timed, but its time is not "
-        "comparable work.",
+        f"Baseline: **{baseline_arm}** ({how or baseline.describe()}).",
+        "**Exact comparisons** (deterministic for given code and versions: no CI is "
+        "needed; ratio to the baseline in brackets). Bytes, planned peak and FLOPs are "
+        "XLA's figures for the compiled step on this backend, loops counted as they run; "
+        "figures \"on\" a target are its compiler's plan (`parity plan`), not a measurement.",
+        exact(frame, baseline_arm, plans) if len(frame) else "No timed cells.",
+        "**Gradient parity**: rel_l2 of the gradient the optimizer saw vs the exact sum/sum "
+        "gradient; an arm that fails is still timed, but its time is not comparable work.",
+        gradient_parity(frame) if len(frame) else "No checked cells.",
+        "**Timing**. Speedup = median ms/step of the baseline / median of the arm: above "
+        "1.00x the arm is faster; [95% CI] and verdict by reports.stats (a verdict needs "
+        f"{stats.MIN_EFFECT:.0%}+ and a CI clear of 1.00 and of the process-spread bound "
+        "where rounds are few). The fastest is named only where its lead is a verdict.",
         markdown(["shape", "arm", "median ms", f"speedup vs {baseline_arm} [95% CI]",
-                  "verdict", f"gradient parity (rel_l2, PASS <= {GRAD_TOLERANCE:g})"],
-                 rows) if rows else "No timed cells.",
-        f"Gradient parity: {passed} PASS, {failed} FAIL"
-        + (f", {unchecked} not checked" if unchecked else "") + ".",
+                  "verdict"], rows) if rows else "No timed cells.",
     ]
     if notes:
         parts.append("\n".join(f"- {note}" for note in notes))

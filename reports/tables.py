@@ -138,9 +138,21 @@ def speedup(df: pd.DataFrame, row, other_arm: str) -> stats.Comparison | None:
     if same.empty:
         return None
     other = same.iloc[0]
+    if row["slices"] and other["slices"] and row["round_ids"] == other["round_ids"]:
+        # Timed in the same processes, in alternating slices: slice pairs.
+        return _compare_slices(_frozen(row["slices"]), _frozen(other["slices"]))
     # Rounds of one run ran interleaved (this arm's round r next to the other's): pairs.
     paired = [run for run, _ in other["round_ids"]] == [run for run, _ in row["round_ids"]]
     return _compare(tuple(map(tuple, row["runs"])), tuple(map(tuple, other["runs"])), paired)
+
+
+def _frozen(slices) -> tuple:
+    return tuple(tuple(tuple(s) for s in process) for process in slices)
+
+
+@functools.lru_cache(maxsize=1024)
+def _compare_slices(arm_slices: tuple, other_slices: tuple) -> stats.Comparison:
+    return stats.compare_slices(arm_slices, other_slices)
 
 
 def speedup_text(df: pd.DataFrame, row, other_arm: str) -> tuple[str, str]:
@@ -180,13 +192,13 @@ def not_comparable(df: pd.DataFrame, row, other_arm: str) -> str:
         who = "both fail" if mine and theirs else "fails" if mine else f"{other_arm} fails"
         return f"not comparable work ({who} parity)"
     for _, other in others.iterrows():
-        differ = different_work(_ratio(row), _ratio(other))
+        differ = different_work(work_ratio(row), work_ratio(other))
         if differ:
             return f"{differ}; not comparable work"
     return ""
 
 
-def _ratio(row) -> float | None:
+def work_ratio(row) -> float | None:
     value = row["flops_per_model_flop"]
     return None if value is None or pd.isna(value) else float(value)
 
@@ -230,7 +242,7 @@ def cost(df: pd.DataFrame) -> str:
     frame = by_shape(ok(df))
     for _, r in frame.iterrows():
         model, compiled = r["model_flops_per_step"], r["compiled_flops_per_step"]
-        ratio = _f(_ratio(r), ".2f")
+        ratio = _f(work_ratio(r), ".2f")
         rows.append((shape_label(r), r["arm"], _gflop(model), _gflop(compiled), ratio,
                      _bytes(r["bytes_accessed_per_step"]),
                      _f(None if r["model_flops_per_s"] is None

@@ -73,6 +73,27 @@ def _slow_down(arm_class, fraction):
     arm_class.step = step
 
 
+class _Same(NativeArm):
+    """The native arm under another name: an A/A partner for in-process pairing (two arms
+    of one process need two names)."""
+
+    trainer = "test-same"
+
+    def __init__(self, spec):
+        super().__init__(spec, "decoder")
+
+
+class _Spin(_Same):
+    """The native arm with every step spun PARITY_TEST_SPIN (default 0.05) of its own
+    duration longer: a planted slowdown of known size for in-process pairing."""
+
+    trainer = "test-spin"
+
+
+register("test-same", _Same)
+register("test-spin", _Spin)
+_slow_down(_Spin, float(os.environ.get("PARITY_TEST_SPIN", "0.05")))
+
 # The test-only switch of the nightly test: PARITY_TEST_SLOWDOWN=F slows the native arm's
 # every step by F times its own duration.
 if os.environ.get("PARITY_TEST_SLOWDOWN"):

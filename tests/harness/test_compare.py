@@ -129,3 +129,31 @@ def test_compare_refuses_sets_with_no_common_cell_calls_a_fix_no_regression_and_
         bad = _parity("compare", str(old), str(old), flag, value)
         assert bad.returncode == 2 and f"parity: error: {flag} {float(value)}" in bad.stderr
         assert "Traceback" not in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def one_run_a_side(tmp_path_factory):
+    """Three single runs of native at tiny, 20 steps: OLD, OLD again (A/A) and NEW with
+    every step slowed by the test plugin's spin to 3x its own duration or more."""
+    root = tmp_path_factory.mktemp("one-run")
+    cell = [*CELL[:CELL.index("--steps")], "--steps", "20", "--warmup", "2",
+            "--plugin", "tests.harness.fault_arms"]
+    for name, env in (("old", {}), ("again", {}), ("slow", {"PARITY_TEST_SLOWDOWN": "2"})):
+        proc = _parity("run", *cell, "--out", str(root / name), **env)
+        assert proc.returncode == 0, proc.stderr
+    return root
+
+
+@pytest.mark.slow
+def test_one_run_a_side_fails_the_gate_on_a_tripled_step_and_passes_an_a_a(one_run_a_side):
+    # One process a side cannot reach 95% by its CI alone; a tripled step time is still far
+    # beyond the process-spread bound (2.0x), so the gate fails on it ...
+    root = one_run_a_side
+    slow = _parity("compare", str(root / "old"), str(root / "slow"), "--fail-on-regression")
+    assert slow.returncode == 1, slow.stdout + slow.stderr
+    assert "| 1 / 1 |" in slow.stdout and "| slower |" in slow.stdout
+    assert "native tiny seq=16 batch=4 ga=1: slower, " in slow.stderr
+    # ... and identical code twice (process-to-process spread only) passes it.
+    same = _parity("compare", str(root / "old"), str(root / "again"), "--fail-on-regression")
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "| too few samples |" in same.stdout

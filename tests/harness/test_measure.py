@@ -2,7 +2,10 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from harness import measure
 from harness.runner import HOST_MALLOC
@@ -122,3 +125,36 @@ def test_device_peaks_say_why_a_backend_has_none(devices):
     peaks, why = measure.device_peaks(devices[:3])
     assert peaks == [None, None, None]
     assert why == "memory_stats() is None on this backend"
+
+
+def test_the_machine_noise_reading_times_the_fixed_probe_around_a_block():
+    with measure.machine_noise() as noise:
+        assert len(noise["probe_ms"]) == 3  # taken before the block
+    assert len(noise["probe_ms"]) == 6 and all(ms > 0 for ms in noise["probe_ms"])
+    assert noise["steal"] is None or 0.0 <= noise["steal"] <= 1.0
+
+
+def test_other_processes_busy_during_a_block_show_as_other_load():
+    # A child process spins for the whole block: on any machine it keeps one CPU busy, so
+    # the machine's busy time less this process's own is at least most of one CPU's share.
+    spin = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\n"
+                             "while time.time() - t < 3: pass"])
+    try:
+        time.sleep(0.3)
+        with measure.machine_noise() as busy:
+            time.sleep(1.5)
+    finally:
+        spin.wait(timeout=30)
+    if busy["other_load"] is None:
+        pytest.skip("/proc/stat is not readable here")
+    assert busy["other_load"] >= 0.6 / os.cpu_count()  # other load only adds to this
+
+
+def test_the_cells_own_cpu_time_is_not_other_load(monkeypatch):
+    # (steal, machine busy, machine total, this process) CPU seconds, before and after: the
+    # machine was busy 3 of 8 CPU seconds, 2 of them this process's own.
+    readings = iter([(1.0, 10.0, 100.0, 5.0), (1.4, 13.0, 108.0, 7.0)])
+    monkeypatch.setattr(measure, "_cpu_seconds", lambda: next(readings))
+    with measure.machine_noise() as noise:
+        pass
+    assert noise["other_load"] == pytest.approx(1 / 8) and noise["steal"] == pytest.approx(0.05)

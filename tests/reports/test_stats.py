@@ -55,13 +55,45 @@ def test_pairing_cancels_drift_that_hits_both_sides_of_a_round():
     assert unpaired.count(stats.SLOWER) < paired.count(stats.SLOWER) - 10, unpaired
 
 
-def test_too_few_runs_or_steps_is_never_significant():
+def test_too_few_runs_decide_only_beyond_the_process_spread_bound():
     rng = np.random.default_rng(0)
-    two_runs = stats.compare(_side(rng, rounds=2), _side(rng, rounds=2, scale=2.0))
-    assert two_runs.low > 1.5  # the CI alone would call it
-    assert stats.verdict(two_runs) == stats.TOO_FEW
-    few_steps = stats.compare(_side(rng, steps=3), _side(rng, steps=3, scale=2.0))
-    assert stats.verdict(few_steps) == stats.TOO_FEW
+    # 2 + 2 runs: the bound is exp(1.96 x 0.25 x sqrt(1/2 + 1/2)) = 1.63.
+    two_runs = stats.compare(_side(rng, rounds=2), _side(rng, rounds=2, scale=1.4))
+    assert two_runs.spread_bound == pytest.approx(np.exp(1.959964 * 0.25), rel=1e-6)
+    assert two_runs.low > 1.3  # the CI alone would call it ...
+    assert stats.verdict(two_runs) == stats.TOO_FEW  # ... but processes can differ that much
+    tripled = stats.compare(_side(rng, rounds=2), _side(rng, rounds=2, scale=3.0))
+    assert stats.verdict(tripled) == stats.SLOWER
+    third = stats.compare(_side(rng, rounds=2, scale=3.0), _side(rng, rounds=2))
+    assert stats.verdict(third) == stats.FASTER
+    few_steps = stats.compare(_side(rng, steps=3), _side(rng, steps=3, scale=3.0))
+    assert stats.verdict(few_steps) == stats.TOO_FEW  # under MIN_STEPS: never a verdict
+
+
+def test_one_run_a_side_decides_a_tripled_step_time_and_not_identical_code():
+    # One process a side, 10 steps: the bound is exp(1.96 x 0.25 x sqrt(2)) = 2.0.
+    rng = np.random.default_rng(0)
+    one = stats.compare(_side(rng, rounds=1, steps=10), _side(rng, rounds=1, steps=10))
+    assert one.spread_bound == pytest.approx(np.exp(1.959964 * 0.25 * 2**0.5), rel=1e-6)
+    assert stats.verdict(one) == stats.TOO_FEW
+    tripled = stats.compare(_side(rng, rounds=1, steps=10),
+                            _side(rng, rounds=1, steps=10, scale=3.0))
+    assert stats.verdict(tripled) == stats.SLOWER
+    assert stats.verdict(stats.compare(_side(rng, rounds=1, steps=10),
+                                       _side(rng, rounds=1, steps=10, scale=1.8))) == (
+        stats.TOO_FEW)
+
+
+def test_the_spread_bound_grows_with_the_runs_own_spread():
+    # Runs whose medians scatter far more than PROCESS_LOG_SD widen the bound themselves.
+    rng = np.random.default_rng(0)
+    calm = stats.compare(_side(rng, rounds=3), _side(rng, rounds=3))
+    # Run medians 50-210 ms: log-SD about 0.75 around each side's mean.
+    wild = stats.compare([[100.0] * 10, [200.0] * 10, [50.0] * 10],
+                         [[100.0] * 10, [210.0] * 10, [48.0] * 10])
+    assert calm.spread_bound == pytest.approx(np.exp(1.959964 * 0.25 * (2 / 3) ** 0.5),
+                                              rel=1e-6)
+    assert wild.spread_bound > 3.0 > 1.5 > calm.spread_bound
 
 
 def test_a_shift_below_the_minimum_effect_earns_no_verdict():
@@ -132,5 +164,67 @@ def test_samples_that_cannot_reach_95_percent_are_too_few():
     rng = np.random.default_rng(0)
     five = stats.compare(_side(rng, rounds=5), _side(rng, rounds=5, scale=2.0), paired=True)
     assert not five.paired and stats.verdict(five) == stats.SLOWER  # 5 + 5 independent: ok
-    three = stats.compare(_side(rng, rounds=3), _side(rng, rounds=3, scale=2.0), paired=True)
-    assert three.low > 1.5 and stats.verdict(three) == stats.TOO_FEW
+    three = stats.compare(_side(rng, rounds=3), _side(rng, rounds=3, scale=1.4), paired=True)
+    assert three.low > 1.3 and stats.verdict(three) == stats.TOO_FEW  # inside the 1.49x bound
+
+
+def _processes(rng, *, procs=3, slices=8, steps=5, shift=0.0, proc_sd=0.15, slice_sd=0.02,
+               step_sd=0.05):
+    """Two arms timed in the same processes in alternating slices: each process has its
+    own offset (shared by both arms), each slice the machine's state then (shared by the
+    pair); steps scatter on their own."""
+    old, new = [], []
+    for _ in range(procs):
+        offset = rng.normal(0, proc_sd)
+        state = rng.normal(0, slice_sd, slices)
+        old.append([100 * (1 + offset + s) * (1 + rng.normal(0, step_sd, steps))
+                    for s in state])
+        new.append([100 * (1 + shift) * (1 + offset + s) * (1 + rng.normal(0, step_sd, steps))
+                    for s in state])
+    return old, new
+
+
+def test_slice_pairs_resolve_5_percent_that_process_spread_hides():
+    # Processes 15% apart: as separate runs a 5% slowdown is lost; paired by slice it is
+    # found, and an A/A is not flagged.
+    found, unpaired, flagged = [], [], []
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        old, new = _processes(rng, shift=0.06)
+        found.append(stats.verdict(stats.compare_slices(old, new, resamples=1000)))
+        runs = [[x for s in p for x in s] for p in old], [[x for s in p for x in s]
+                                                          for p in new]
+        unpaired.append(stats.verdict(stats.compare(*runs, resamples=1000)))
+        same_old, same_new = _processes(rng)
+        flagged.append(stats.verdict(stats.compare_slices(same_old, same_new,
+                                                          resamples=1000)))
+    assert found.count(stats.SLOWER) >= 18, found
+    assert unpaired.count(stats.SLOWER) <= 2, unpaired
+    assert sum(v != stats.SAME for v in flagged) <= 1, flagged
+
+
+def test_slice_comparison_counts_pairs_and_checks_shapes():
+    rng = np.random.default_rng(0)
+    old, new = _processes(rng, procs=2, slices=4)
+    c = stats.compare_slices(old, new, resamples=500)
+    assert (c.runs_old, c.runs_new, c.min_steps, c.paired) == (8, 8, 20, True)
+    few_old, few_new = _processes(rng, procs=1, slices=2, shift=0.5)
+    # 2 pairs cannot reach 95% by the CI; 1.5x is inside the process-spread bound (2.0x).
+    assert stats.verdict(stats.compare_slices(few_old, few_new, resamples=500)) == (
+        stats.TOO_FEW)
+    with pytest.raises(ValueError, match="processes x slices x steps"):
+        stats.compare_slices(old, new[:1])
+
+
+def test_machine_noise_is_told_apart_from_an_unstable_arm():
+    steady = [[9.0, 9.1, 9.0], [9.1, 9.0, 9.2]]
+    assert stats.machine_warnings(steady, [0.0, 0.001]) == []
+    slower_machine = stats.machine_warnings([[9.0, 9.1, 9.0], [12.0, 12.2, 11.9]], [0, 0])
+    assert slower_machine == ["machine noisy: the fixed-work probe took 9.00-12.00 ms "
+                              "across runs (29% spread)"]
+    assert stats.machine_warnings([[9.0, 14.0, 9.0]], [None]) == [
+        "machine noisy: the fixed-work probe scattered 27% (CV) around a run"]
+    assert stats.machine_warnings(steady, [0.05, None]) == [
+        "machine noisy: the hypervisor took 5.0% of CPU time during a run (steal)"]
+    assert stats.machine_warnings(steady, [0.0, 0.0], [0.02, 0.45]) == [
+        "machine busy: other processes used 45% of its CPU during a run"]

@@ -1,0 +1,92 @@
+"""In-process pairing (`parity run --pairing in-process`): which arms may share a process,
+and a real paired run's records, read back by the report as slice pairs."""
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import paired, results
+from harness.worker import CellRun
+from reports.records import to_frame
+from reports.tables import speedup
+
+REPO = Path(__file__).resolve().parents[2]
+CELL = ["--preset", "tiny", "--seq", "16", "--batch", "4", "--ga", "2", "--warmup", "1",
+        "--plugin", "tests.harness.fault_arms"]
+
+
+def _parity(*args, **env):
+    full_env = dict(os.environ, PYTHONPATH=str(REPO), **env)
+    full_env.pop("XLA_FLAGS", None)
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], env=full_env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_only_arms_that_leave_no_process_state_pair():
+    assert paired.refusals(["engine", "engine-fused", "native"]) == []
+    refused = paired.refusals(["native", "peft-decoder", "maxtext-engine", "engine:tunix"])
+    assert [line.split(":")[0] for line in refused] == [
+        "peft-decoder", "maxtext-engine", "engine"]
+    assert "flax_always_shard_variable" in refused[0] and "pyconfig" in refused[1]
+    with pytest.raises(ValueError, match="cannot put these arms in one process: "
+                                         "peft-decoder: Tunix's PeftTrainer"):
+        paired.check(["native", "peft-decoder"], 16, 8)
+    with pytest.raises(ValueError, match="needs at least two arms"):
+        paired.check(["native"], 16, 8)
+    with pytest.raises(ValueError, match="--slices 3 with --steps 16"):
+        paired.check(["native", "engine"], 16, 3)
+
+
+def test_every_arm_takes_every_place_and_none_runs_twice_in_a_row():
+    orders = [paired.slice_order(3, i) for i in range(6)]
+    assert orders[:3] == [[0, 1, 2], [1, 2, 0], [2, 0, 1]]
+    for arm in range(3):
+        assert sorted(order.index(arm) for order in orders) == [0, 0, 1, 1, 2, 2]
+    sequence = [k for order in orders for k in order]
+    assert all(a != b for a, b in itertools.pairwise(sequence))
+
+
+def test_cells_group_by_shape_keeping_the_arm_order():
+    a = [CellRun(arm=arm, spec={"seq": seq}) for seq in (16, 32) for arm in ("native", "engine")]
+    assert [[(c.arm, c.spec["seq"]) for c in g] for g in paired.groups(a)] == [
+        [("native", 16), ("engine", 16)], [("native", 32), ("engine", 32)]]
+
+
+def test_a_refused_pairing_exits_2_before_any_cell(tmp_path):
+    proc = _parity("run", "--pairing", "in-process", "--arms", "native,peft-decoder", *CELL,
+                   "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stderr
+    assert "parity: error: --pairing in-process cannot put these arms in one process" in (
+        proc.stderr)
+    assert not list((tmp_path / "out").glob("*.jsonl"))
+
+
+@pytest.mark.slow
+def test_a_paired_run_records_slices_and_the_report_compares_slice_pairs(tmp_path):
+    out = tmp_path / "out"
+    proc = _parity("run", "--pairing", "in-process", "--arms", "native,test-spin", *CELL,
+                   "--steps", "12", "--slices", "4", "--rounds", "2", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = results.read_dir(out)
+    assert [(r.arm, r.round) for r in records] == [
+        ("native", 0), ("test-spin", 0), ("native", 1), ("test-spin", 1)]
+    for record in records:
+        assert record.run.pairing == ["native", "test-spin"]
+        assert record.timing.slices == [3, 3, 3, 3] and len(record.timing.step_ms) == 12
+        assert record.timing.executions_per_step == 1
+    # Parity is checked in the first process only, for each arm, against the exact reference.
+    assert [r.parity is not None for r in records] == [True, True, False, False]
+    assert all(r.parity.rel_l2 <= 1e-5 for r in records[:2])  # GRAD_TOLERANCE
+    frame = to_frame(records)
+    native = frame[frame["arm"] == "native"].iloc[0]
+    assert [len(p) for p in native["slices"]] == [4, 4]
+    c = speedup(frame, native, "test-spin")
+    assert c.paired and c.runs_old == 8 and c.min_steps == 12
+    # A paired run is its own kind of sample: not pooled with a run of separate processes.
+    assert json.loads(json.dumps(records[0].to_json()))["run"]["pairing"] == [
+        "native", "test-spin"]
