@@ -219,11 +219,11 @@ def test_slice_comparison_counts_pairs_and_checks_shapes():
 def test_machine_noise_is_told_apart_from_an_unstable_arm():
     steady = [[9.0, 9.1, 9.0], [9.1, 9.0, 9.2]]
     assert stats.machine_warnings(steady, [0.0, 0.001]) == []
-    slower_machine = stats.machine_warnings([[9.0, 9.1, 9.0], [12.0, 12.2, 11.9]], [0, 0])
-    assert slower_machine == ["machine noisy: the fixed-work probe took 9.00-12.00 ms "
-                              "across runs (29% spread)"]
-    assert stats.machine_warnings([[9.0, 14.0, 9.0]], [None]) == [
-        "machine noisy: the fixed-work probe scattered 27% (CV) around a run"]
+    # The probe's best of each run: 9.0 and 12.9 ms, 36% apart (it spreads up to 32% idle).
+    assert stats.machine_warnings([[9.0, 9.1, 9.0], [12.9, 13.2, 13.0]], [0, 0]) == [
+        "machine noisy: the fixed-work probe's best took 9.00-12.90 ms across runs (36% "
+        "spread)"]
+    assert stats.machine_warnings([[9.0, 9.1], [11.5, 11.9]], [0, 0]) == []  # 24%: idle-like
     assert stats.machine_warnings(steady, [0.05, None]) == [
         "machine noisy: the hypervisor took 5.0% of CPU time during a run (steal)"]
     assert stats.machine_warnings(steady, [0.0, 0.0], [0.02, 0.45]) == [
