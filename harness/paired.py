@@ -30,7 +30,6 @@ from harness.reaper import REAPER, die_with_parent, raise_if_signalled
 from harness.worker import (
     SPAWNED_AT,
     CellRun,
-    CompileCounter,
     Phases,
     _block,
     _build,
@@ -39,7 +38,7 @@ from harness.worker import (
     _parity,
     _planned_memory,
     _warmup,
-    use_compile_cache,
+    start_backend,
 )
 from reports.record import GCPauses, Record, Timing
 
@@ -88,12 +87,7 @@ def run_paired(runs: Sequence[CellRun], slices: int, phases: Phases) -> list[Rec
     for run in runs:
         preload(run.arm)
     phases.end("imports")
-    import jax
-
-    use_compile_cache()
-    jax.devices()
-    compiles = CompileCounter()
-    phases.end("backend")
+    compiles = start_backend(phases)
     built = []
     for run in runs:
         arm, build_s = _build(run.arm, spec)

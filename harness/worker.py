@@ -196,6 +196,18 @@ class CompileCounter:
             self.cache_hits += 1
 
 
+def start_backend(phases: Phases) -> CompileCounter:
+    """Starts JAX's backend with the run's compilation cache; from here compiles are
+    counted (the returned counter)."""
+    import jax
+
+    use_compile_cache()
+    jax.devices()
+    compiles = CompileCounter()
+    phases.end("backend")
+    return compiles
+
+
 def _block(out) -> None:
     import jax
 
@@ -222,12 +234,7 @@ def run_cell(run: CellRun, phases: Phases | None = None) -> Record:
     spec = CellSpec.from_dict(run.spec)
     preload(run.arm)
     phases.end("imports")
-    import jax
-
-    use_compile_cache()
-    jax.devices()
-    compiles = CompileCounter()
-    phases.end("backend")
+    compiles = start_backend(phases)
     arm, build_s = _build(run.arm, spec)
     phases.end("build", less={"compile": arm.compile_seconds})
     batches = arm.place(spec.micro_batches(0))

@@ -107,7 +107,8 @@ def compare_cells(old: Cell, new: Cell, *, paired: bool = False,
                               cost_changes=costs.changes(old.ok, new.ok),
                               warnings=failed + warnings)
     pair = paired and len(old.runs) == len(new.runs)
-    timing = stats.compare(old.runs, new.runs, paired=pair)
+    busy = stats.busy([r.timing.other_load for r in (*old.ok, *new.ok) if r.timing])
+    timing = stats.compare(old.runs, new.runs, paired=pair, busy=busy)
     return CellComparison(name=new.name, old=old, new=new, timing=timing,
                           verdict=stats.verdict(timing, min_effect),
                           cost_changes=costs.changes(old.ok, new.ok),

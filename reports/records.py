@@ -144,6 +144,7 @@ def _row(records: list[Record]) -> dict:
             [x.timing.probe_ms for x in timed if x.timing.probe_ms],
             [x.timing.steal for x in timed],
             [x.timing.other_load for x in timed])] if runs else []),
+        "busy": stats.busy([x.timing.other_load for x in timed]),
         "probe_ms": [float(np.median(x.timing.probe_ms)) for x in timed
                      if x.timing.probe_ms] or None,
         "mean_ms": _mean([x.timing.stats.mean_ms for x in timed]),

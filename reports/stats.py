@@ -66,6 +66,10 @@ where another process shared the machine for part of the run (which `timing.othe
 now shows). 0.25 is taken: a quieter host (an accelerator) spreads less, so this errs
 towards "too few samples", never towards a false verdict. With one run a side the bound is
 a factor exp(1.96 x 0.25 x sqrt(2)) = 2.0."""
+BUSY_PROCESS_LOG_SD = 0.5
+"""The same where a run shared the machine with other processes (`Timing.other_load` above
+`MAX_OTHER_LOAD`): a contended process ran at up to 2.4x the median of identical code here,
+so a busy run's bound is exp(1.96 x 0.5 x sqrt(2)) = 4.0x at one run a side."""
 MAX_CV = 0.10
 """Step-time CV above which a run is flagged unstable (pyperf warns at 10% too)."""
 MAX_RUN_SPREAD = 0.10
@@ -137,12 +141,13 @@ def _resampled_medians(runs: list[np.ndarray], picks: np.ndarray,
 
 
 def compare(old: Runs, new: Runs, *, paired: bool = False, seed: int = SEED,
-            resamples: int = RESAMPLES) -> Comparison:
+            resamples: int = RESAMPLES, busy: bool = False) -> Comparison:
     """median(new)/median(old) with a two-level (runs, then steps) bootstrap CI.
 
     `paired`: run i of `old` ran next to run i of `new` (interleaved rounds); needs the same
     number of runs on both sides and resamples them together. Too few pairs to ever reach the
-    confidence (`luck_bound`) are resampled as independent runs instead, which may.
+    confidence (`luck_bound`) are resampled as independent runs instead, which may. `busy`:
+    a run shared the machine with other processes (its process-spread bound is wider).
     """
     old_runs, new_runs = _runs(old, "old"), _runs(new, "new")
     if paired and len(old_runs) != len(new_runs):
@@ -161,7 +166,7 @@ def compare(old: Runs, new: Runs, *, paired: bool = False, seed: int = SEED,
                       high=float(np.percentile(ratios, 100 - tail)),
                       runs_old=len(old_runs), runs_new=len(new_runs),
                       min_steps=min(len(r) for r in [*old_runs, *new_runs]), paired=paired,
-                      spread_bound=spread_bound(old_runs, new_runs))
+                      spread_bound=spread_bound(old_runs, new_runs, busy=busy))
 
 
 def compare_slices(old: Sequence[Sequence[Sequence[float]]],
@@ -202,18 +207,19 @@ def compare_slices(old: Sequence[Sequence[Sequence[float]]],
 
 
 def spread_bound(old: Sequence[np.ndarray], new: Sequence[np.ndarray],
-                 confidence: float = CONFIDENCE) -> float:
+                 confidence: float = CONFIDENCE, *, busy: bool = False) -> float:
     """exp(z x sd x sqrt(1/a + 1/b)) for a and b runs: how far apart the pooled medians of
     two sides of identical code may fall through process-to-process spread alone. sd is
-    `PROCESS_LOG_SD`, or the SD of the runs' log medians around their side's mean where that
-    is larger (a noisier machine than the one measured)."""
+    `PROCESS_LOG_SD` (`BUSY_PROCESS_LOG_SD` where a run shared the machine: `busy`), or the
+    SD of the runs' log medians around their side's mean where that is larger (a noisier
+    machine than the one measured)."""
     from scipy import stats as scipy_stats
 
     logs = [np.log([np.median(r) for r in side]) for side in (old, new)]
     deviations = np.concatenate([side - side.mean() for side in logs])
     dof = len(deviations) - 2
     observed = float(np.sqrt((deviations**2).sum() / dof)) if dof > 0 else 0.0
-    sd = max(PROCESS_LOG_SD, observed)
+    sd = max(BUSY_PROCESS_LOG_SD if busy else PROCESS_LOG_SD, observed)
     z = scipy_stats.norm.ppf(1 - (1 - confidence) / 2)
     return float(np.exp(z * sd * np.sqrt(1 / len(old) + 1 / len(new))))
 
@@ -326,6 +332,11 @@ MAX_PROBE_SPREAD = 0.35
 machine's speed is said to have changed between runs. The probe spreads by itself: on an
 idle 2-core VM the fastest of a run's 6 probes ranged 8.66-10.77 ms over 10 runs (23%) and
 8.63-11.50 ms over 16 (32%), so only more than that is flagged."""
+
+
+def busy(other_loads: Sequence[float | None]) -> bool:
+    """Did any run share the machine with other processes beyond `MAX_OTHER_LOAD`?"""
+    return any(x is not None and x > MAX_OTHER_LOAD for x in other_loads)
 
 
 def machine_warnings(probes: Sequence[Sequence[float]], steals: Sequence[float | None],

@@ -1,14 +1,12 @@
 """`parity run --rounds` and `parity compare` end to end on real runs.
 
-The planted change is a cost change (one more param-sized pass in the native step), so the
-verdict comes from the exact cost metrics: no timing (a single short round a side) is needed,
-and nothing here depends on how loaded the machine is.
+The planted cost change (one more param-sized pass in the native step) is found by the exact
+cost metrics, with no timing at all. The one timing gate here, a step slowed to 3x or more
+with one run a side, is a change far beyond the process-spread bound (2.0x) that the rule
+uses for so few runs, and an A/A of the same commit stays inside it.
 """
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,17 +14,10 @@ import pytest
 from harness import results
 from harness.runner import schedule
 from harness.worker import CellRun
+from tests.harness.cli_helpers import parity_cli
 
-REPO = Path(__file__).resolve().parents[2]
 CELL = ["--arms", "native", "--preset", "tiny", "--seq", "16", "--batch", "4", "--ga", "1",
         "--steps", "3", "--warmup", "1", "--plugin", "tests.harness.fault_arms"]
-
-
-def _parity(*args, **env):
-    full_env = dict(os.environ, PYTHONPATH=str(REPO), **env)
-    full_env.pop("XLA_FLAGS", None)
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], env=full_env,
-                          capture_output=True, text=True, timeout=300)
 
 
 def test_rounds_interleave_and_only_the_first_traces_and_checks_parity():
@@ -45,9 +36,9 @@ def test_rounds_interleave_and_only_the_first_traces_and_checks_parity():
 def two_runs(tmp_path_factory):
     """OLD: native, 2 rounds; NEW: the same with one more param-sized elementwise pass."""
     root = tmp_path_factory.mktemp("compare")
-    old = _parity("run", *CELL, "--rounds", "2", "--out", str(root / "old"))
+    old = parity_cli("run", *CELL, "--rounds", "2", "--out", str(root / "old"))
     assert old.returncode == 0, old.stderr
-    new = _parity("run", *CELL, "--out", str(root / "new"), PARITY_TEST_EXTRA_PASS="1")
+    new = parity_cli("run", *CELL, "--out", str(root / "new"), PARITY_TEST_EXTRA_PASS="1")
     assert new.returncode == 0, new.stderr
     return root / "old", root / "new"
 
@@ -67,7 +58,7 @@ def test_a_run_with_rounds_records_each_round(two_runs):
 
 def test_compare_flags_a_planted_cost_change_without_timing_samples(two_runs):
     old, new = two_runs
-    proc = _parity("compare", str(old), str(new))
+    proc = parity_cli("compare", str(old), str(new))
     assert proc.returncode == 0, proc.stderr  # report only, without --fail-on-regression
     row = next(line for line in proc.stdout.splitlines() if line.startswith("| native"))
     assert "| too few samples |" in row  # 2 and 1 runs: no timing verdict ...
@@ -75,11 +66,11 @@ def test_compare_flags_a_planted_cost_change_without_timing_samples(two_runs):
     assert "| compiled_flops_per_step, bytes_accessed_per_step |" in row
     assert "compiled_flops_per_step: " in proc.stdout and " -> " in proc.stdout
 
-    failing = _parity("compare", str(old), str(new), "--fail-on-regression")
+    failing = parity_cli("compare", str(old), str(new), "--fail-on-regression")
     assert failing.returncode == 1
     assert "cost compiled_flops_per_step" in failing.stderr
 
-    data = json.loads(_parity("compare", str(old), str(new), "--json").stdout)
+    data = json.loads(parity_cli("compare", str(old), str(new), "--json").stdout)
     (cell,) = data["cells"]
     # The planted pass runs after the update's conditional: one more read and write of the
     # params, and its sin/multiply/add FLOPs.
@@ -92,10 +83,10 @@ def test_compare_flags_a_planted_cost_change_without_timing_samples(two_runs):
 
 def test_compare_of_a_run_with_itself_is_clean_and_bad_input_exits_2(two_runs, tmp_path):
     old, _ = two_runs
-    same = _parity("compare", str(old), str(old), "--fail-on-regression")
+    same = parity_cli("compare", str(old), str(old), "--fail-on-regression")
     assert same.returncode == 0, same.stderr
     assert "0 changed in cost" in same.stdout
-    missing = _parity("compare", str(old), str(tmp_path / "nope"))
+    missing = parity_cli("compare", str(old), str(tmp_path / "nope"))
     assert missing.returncode == 2 and "no such results directory" in missing.stderr
 
 
@@ -110,7 +101,7 @@ def test_compare_refuses_sets_with_no_common_cell_calls_a_fix_no_regression_and_
     old, _ = two_runs
     record = json.loads(next(old.glob("*.jsonl")).read_text().splitlines()[0])
     other = _write(tmp_path / "other", dict(record, config_hash="0" * 16))
-    proc = _parity("compare", str(old), str(other), "--fail-on-regression")
+    proc = parity_cli("compare", str(old), str(other), "--fail-on-regression")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == (
         "parity: error: the two result sets have no cell in common (1 only in old, 1 only in "
@@ -118,15 +109,15 @@ def test_compare_refuses_sets_with_no_common_cell_calls_a_fix_no_regression_and_
         "versions, backend, devices and XLA flags; compare runs of the same cells")
     broken = _write(tmp_path / "broken", dict(record, status="failed",
                                                error={"reason": "crash", "message": "boom"}))
-    fixed = _parity("compare", str(broken), str(old), "--fail-on-regression")
+    fixed = parity_cli("compare", str(broken), str(old), "--fail-on-regression")
     assert fixed.returncode == 0, fixed.stderr
     assert "| fixed (failed in old) |" in fixed.stdout
-    regressed = _parity("compare", str(old), str(broken), "--fail-on-regression")
+    regressed = parity_cli("compare", str(old), str(broken), "--fail-on-regression")
     assert regressed.returncode == 1 and "native tiny seq=16 batch=4 ga=1: failed" in (
         regressed.stderr)
     for flag, value in (("--threshold", "-1"), ("--threshold", "nan"), ("--threshold", "0"),
                         ("--cost-threshold", "-0.1"), ("--cost-threshold", "nan")):
-        bad = _parity("compare", str(old), str(old), flag, value)
+        bad = parity_cli("compare", str(old), str(old), flag, value)
         assert bad.returncode == 2 and f"parity: error: {flag} {float(value)}" in bad.stderr
         assert "Traceback" not in bad.stderr
 
@@ -134,26 +125,27 @@ def test_compare_refuses_sets_with_no_common_cell_calls_a_fix_no_regression_and_
 @pytest.fixture(scope="module")
 def one_run_a_side(tmp_path_factory):
     """Three single runs of native at tiny, 20 steps: OLD, OLD again (A/A) and NEW with
-    every step slowed by the test plugin's spin to 3x its own duration or more."""
+    every step spun 9x its own duration longer (about 10x or more: beyond the bound even
+    where a run shared the machine with other processes, 4.0x; idle, 2.0x)."""
     root = tmp_path_factory.mktemp("one-run")
     cell = [*CELL[:CELL.index("--steps")], "--steps", "20", "--warmup", "2",
             "--plugin", "tests.harness.fault_arms"]
-    for name, env in (("old", {}), ("again", {}), ("slow", {"PARITY_TEST_SLOWDOWN": "2"})):
-        proc = _parity("run", *cell, "--out", str(root / name), **env)
+    for name, env in (("old", {}), ("again", {}), ("slow", {"PARITY_TEST_SLOWDOWN": "9"})):
+        proc = parity_cli("run", *cell, "--out", str(root / name), **env)
         assert proc.returncode == 0, proc.stderr
     return root
 
 
 @pytest.mark.slow
-def test_one_run_a_side_fails_the_gate_on_a_tripled_step_and_passes_an_a_a(one_run_a_side):
-    # One process a side cannot reach 95% by its CI alone; a tripled step time is still far
-    # beyond the process-spread bound (2.0x), so the gate fails on it ...
+def test_one_run_a_side_fails_the_gate_on_a_large_slowdown_and_passes_an_a_a(one_run_a_side):
+    # One process a side cannot reach 95% by its CI alone; a tenfold step time is still far
+    # beyond the process-spread bound, so the gate fails on it ...
     root = one_run_a_side
-    slow = _parity("compare", str(root / "old"), str(root / "slow"), "--fail-on-regression")
+    slow = parity_cli("compare", str(root / "old"), str(root / "slow"), "--fail-on-regression")
     assert slow.returncode == 1, slow.stdout + slow.stderr
     assert "| 1 / 1 |" in slow.stdout and "| slower |" in slow.stdout
     assert "native tiny seq=16 batch=4 ga=1: slower, " in slow.stderr
     # ... and identical code twice (process-to-process spread only) passes it.
-    same = _parity("compare", str(root / "old"), str(root / "again"), "--fail-on-regression")
+    same = parity_cli("compare", str(root / "old"), str(root / "again"), "--fail-on-regression")
     assert same.returncode == 0, same.stdout + same.stderr
     assert "| too few samples |" in same.stdout

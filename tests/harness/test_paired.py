@@ -3,10 +3,6 @@ and a real paired run's records, read back by the report as slice pairs."""
 
 import itertools
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -14,17 +10,10 @@ from harness import paired, results
 from harness.worker import CellRun
 from reports.records import to_frame
 from reports.tables import speedup
+from tests.harness.cli_helpers import parity_cli
 
-REPO = Path(__file__).resolve().parents[2]
 CELL = ["--preset", "tiny", "--seq", "16", "--batch", "4", "--ga", "2", "--warmup", "1",
         "--plugin", "tests.harness.fault_arms"]
-
-
-def _parity(*args, **env):
-    full_env = dict(os.environ, PYTHONPATH=str(REPO), **env)
-    full_env.pop("XLA_FLAGS", None)
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], env=full_env,
-                          capture_output=True, text=True, timeout=300)
 
 
 def test_only_arms_that_leave_no_process_state_pair():
@@ -58,7 +47,7 @@ def test_cells_group_by_shape_keeping_the_arm_order():
 
 
 def test_a_refused_pairing_exits_2_before_any_cell(tmp_path):
-    proc = _parity("run", "--pairing", "in-process", "--arms", "native,peft-decoder", *CELL,
+    proc = parity_cli("run", "--pairing", "in-process", "--arms", "native,peft-decoder", *CELL,
                    "--out", str(tmp_path / "out"))
     assert proc.returncode == 2, proc.stderr
     assert "parity: error: --pairing in-process cannot put these arms in one process" in (
@@ -69,7 +58,7 @@ def test_a_refused_pairing_exits_2_before_any_cell(tmp_path):
 @pytest.mark.slow
 def test_a_paired_run_records_slices_and_the_report_compares_slice_pairs(tmp_path):
     out = tmp_path / "out"
-    proc = _parity("run", "--pairing", "in-process", "--arms", "native,test-spin", *CELL,
+    proc = parity_cli("run", "--pairing", "in-process", "--arms", "native,test-spin", *CELL,
                    "--steps", "12", "--slices", "4", "--rounds", "2", "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = results.read_dir(out)

@@ -228,3 +228,15 @@ def test_machine_noise_is_told_apart_from_an_unstable_arm():
         "machine noisy: the hypervisor took 5.0% of CPU time during a run (steal)"]
     assert stats.machine_warnings(steady, [0.0, 0.0], [0.02, 0.45]) == [
         "machine busy: other processes used 45% of its CPU during a run"]
+
+
+def test_a_run_that_shared_the_machine_widens_the_bound():
+    # One run a side at 3x: decided on a quiet machine (bound 2.0x), not where a run shared
+    # the machine with other processes (bound 4.0x: a contended process ran 2.4x slow here).
+    rng = np.random.default_rng(0)
+    old, new = _side(rng, rounds=1, steps=10), _side(rng, rounds=1, steps=10, scale=3.0)
+    assert stats.verdict(stats.compare(old, new)) == stats.SLOWER
+    busy = stats.compare(old, new, busy=True)
+    assert busy.spread_bound == pytest.approx(np.exp(1.959964 * 0.5 * 2**0.5), rel=1e-6)
+    assert stats.verdict(busy) == stats.TOO_FEW
+    assert stats.busy([0.01, None, 0.3]) and not stats.busy([0.01, None])
