@@ -241,7 +241,6 @@ class Grid:
                                    environment=self.environment, run_id=self.run_id,
                                    **kwargs)
 
-
     def run_paired(self, slices: int):
         """(results path, records): each shape's arms in one process, `rounds` processes
         per shape, timed in `slices` alternating slices (harness.paired)."""

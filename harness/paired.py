@@ -13,22 +13,16 @@ Only arms that leave no process-wide state behind can share a process
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from harness import results
-from harness.reaper import REAPER, die_with_parent, raise_if_signalled
+from harness.reaper import REAPER, raise_if_signalled
 from harness.worker import (
-    SPAWNED_AT,
     CellRun,
     Phases,
     _block,
@@ -39,13 +33,12 @@ from harness.worker import (
     _planned_memory,
     _warmup,
     start_backend,
+    timing_record,
 )
-from reports.record import GCPauses, Record, Timing
+from reports.record import Record
 
-PROCESSES = "processes"
 IN_PROCESS = "in-process"
-PAIRINGS = (PROCESSES, IN_PROCESS)
-"""`--pairing`: every cell in its own processes (rounds), or the arms of a shape together."""
+"""`--pairing` of this module (the other, "processes", gives every cell processes of its own)."""
 
 
 def refusals(arms: Sequence[str]) -> list[str]:
@@ -105,25 +98,13 @@ def run_paired(runs: Sequence[CellRun], slices: int, phases: Phases) -> list[Rec
     phases.end("timed")
     records = []
     for k, (run, arm, _, build_s, first_loss, captured) in enumerate(built):
-        step_ms, dispatch_ms, wait_ms = samples[k]
-        step_stats = measure.step_stats(step_ms)
-        tokens = spec.batch * spec.seq
-        timing = Timing(
-            steps=run.steps, warmup=run.warmup, step_ms=step_ms, dispatch_ms=dispatch_ms,
-            wait_ms=wait_ms, stats=step_stats,
-            gc=GCPauses(count=pauses[k].count, total_ms=pauses[k].total_ms),
-            tokens_per_step=tokens, tokens_per_s=tokens / (step_stats.median_ms / 1e3),
-            build_s=build_s, compile_s=arm.compile_seconds,
-            recompiles_after_warmup=recompiles[k],
-            executions_per_step=arm.executions_per_step(), compiles=compiles.count,
-            compile_cache_hits=compiles.cache_hits, slices=[per_slice] * slices,
-            probe_ms=noise["probe_ms"], steal=noise["steal"],
-        other_load=noise["other_load"])
+        timing = timing_record(arm, run, spec, samples[k], pauses[k], recompiles[k],
+                               compiles, build_s, noise, slices=[per_slice] * slices)
         executables = arm.executables()
         planned = _planned_memory(executables)
         records.append(Record(
             about=arm.about(), timing=timing, memory=_memory(planned, None, 0),
-            cost=_cost(executables, arm.calls_per_step(), step_stats.median_ms, spec),
+            cost=_cost(executables, arm.calls_per_step(), timing.stats.median_ms, spec),
             parity=_parity(spec, captured, first_loss) if run.parity else None))
     phases.end("cost")
     for _, arm, *_ in built:
@@ -165,44 +146,23 @@ def groups(cells: Sequence[CellRun]) -> list[list[CellRun]]:
     return list(found.values())
 
 
-def _spawn(group: Sequence[CellRun], slices: int, env: dict[str, str], out: Path,
-           err_path: Path, timeout_s: float, cwd: Path | None) -> int | None:
-    """Exit code (None at the timeout) of one paired worker process."""
-    from harness.runner import _wait, cell_json
-
-    command = [sys.executable, "-m", "harness.worker", "--cell",
-               json.dumps([json.loads(cell_json(c)) for c in group]),
-               "--slices", str(slices), "--out", str(out)]
-    with err_path.open("w") as stderr:
-        proc = subprocess.Popen(command, env={**env, SPAWNED_AT: repr(time.time())},
-                                stdout=stderr, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=cwd,
-                                preexec_fn=die_with_parent(os.getpid()))
-        with REAPER.watch("group", pgid=proc.pid):
-            try:
-                code, _ = _wait(proc, timeout_s)
-                return code
-            finally:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                if proc.returncode is None:
-                    proc.wait()
-
-
 def run_one_process(group: Sequence[CellRun], slices: int, env: dict[str, str],
                     timeout_s: float, cwd: Path | None = None) -> list[Record]:
     """One paired process of `group`; a record per arm whatever happens to it (a failed
     process fails every arm of it, with the same reason)."""
-    from harness.runner import Exit, classify
+    from harness.runner import Exit, cell_json, classify, worker_process
 
     with tempfile.TemporaryDirectory(prefix="parity-paired-") as tmp, \
             REAPER.watch("path", path=tmp):
         out, err_path = Path(tmp) / "records.json", Path(tmp) / "stderr.txt"
         start = time.perf_counter()
-        code = _spawn(group, slices, env, out, err_path, timeout_s * len(group), cwd)
+        timeout_s *= len(group)  # every arm of the process builds and times
+        code, max_rss = worker_process(
+            ["--cell", json.dumps([json.loads(cell_json(c)) for c in group]),
+             "--slices", str(slices), "--out", str(out)], env, err_path, timeout_s, cwd)
         stderr = err_path.read_text(errors="replace") if err_path.exists() else ""
         failure = classify(Exit(code=code, stderr=stderr, wrote_record=out.exists(),
-                                max_rss_bytes=None, oom_kills=0), timeout_s * len(group))
+                                max_rss_bytes=max_rss, oom_kills=0), timeout_s)
         if failure is not None:
             records = [dataclasses.replace(failure) for _ in group]
         else:

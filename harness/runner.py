@@ -233,8 +233,15 @@ def cell_json(cell: CellRun) -> str:
 def _executed(cell: CellRun, env: dict[str, str], out: Path, err_path: Path,
               timeout_s: float, cwd: Path | None) -> tuple[int | None, int | None]:
     """(exit code or None at the timeout, peak RSS) of `python -m harness.worker`."""
-    command = [sys.executable, "-m", "harness.worker", "--cell",
-               cell_json(cell), "--out", str(out)]
+    return worker_process(["--cell", cell_json(cell), "--out", str(out)], env, err_path,
+                          timeout_s, cwd)
+
+
+def worker_process(args: list[str], env: dict[str, str], err_path: Path, timeout_s: float,
+                   cwd: Path | None) -> tuple[int | None, int | None]:
+    """(exit code or None at the timeout, peak RSS) of `python -m harness.worker ARGS` in a
+    process group of its own that dies with this process; its output goes to `err_path`."""
+    command = [sys.executable, "-m", "harness.worker", *args]
     env = {**env, SPAWNED_AT: repr(time.time())}
     with err_path.open("w") as stderr:
         proc = subprocess.Popen(command, env=env, stdout=stderr, stderr=subprocess.STDOUT,

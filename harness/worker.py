@@ -297,6 +297,20 @@ def _timed_window(arm, batches, run: CellRun, spec, compiles,
             measure.rss_high_water() as rss:
         step_ms, dispatch_ms, wait_ms = measure.timed_steps(lambda: arm.step(batches),
                                                             run.steps, _block)
+    timing = timing_record(arm, run, spec, (step_ms, dispatch_ms, wait_ms), gc_pauses,
+                           compiles.count - compiled_before, compiles, build_s, noise)
+    return timing, rss["rss_delta_bytes"]
+
+
+def timing_record(arm, run: CellRun, spec, samples: tuple[list, list, list], gc_pauses,
+                  recompiles: int, compiles: CompileCounter, build_s: float, noise: dict,
+                  slices: list[int] | None = None) -> Timing:
+    """The record's Timing from a timed window's (wall, dispatch, wait) ms per step, its GC
+    pauses, compiles after warmup, the machine-noise reading and, for in-process pairing,
+    the slices the steps ran in."""
+    from harness import measure
+
+    step_ms, dispatch_ms, wait_ms = samples
     stats = measure.step_stats(step_ms)
     tokens = spec.batch * spec.seq
     return Timing(
@@ -304,12 +318,11 @@ def _timed_window(arm, batches, run: CellRun, spec, compiles,
         wait_ms=wait_ms, stats=stats,
         gc=GCPauses(count=gc_pauses.count, total_ms=gc_pauses.total_ms),
         tokens_per_step=tokens, tokens_per_s=tokens / (stats.median_ms / 1e3),
-        build_s=build_s, compile_s=arm.compile_seconds,
-        recompiles_after_warmup=compiles.count - compiled_before,
+        build_s=build_s, compile_s=arm.compile_seconds, recompiles_after_warmup=recompiles,
         executions_per_step=arm.executions_per_step(),
         compiles=compiles.count, compile_cache_hits=compiles.cache_hits,
-        probe_ms=noise["probe_ms"], steal=noise["steal"],
-        other_load=noise["other_load"]), rss["rss_delta_bytes"]
+        probe_ms=noise["probe_ms"], steal=noise["steal"], other_load=noise["other_load"],
+        slices=slices)
 
 
 def _planned_memory(executables) -> dict[str, ExecutableMemory | None]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from reports.parity import judge
@@ -145,8 +144,6 @@ def _row(records: list[Record]) -> dict:
             [x.timing.steal for x in timed],
             [x.timing.other_load for x in timed])] if runs else []),
         "busy": stats.busy([x.timing.other_load for x in timed]),
-        "probe_ms": [float(np.median(x.timing.probe_ms)) for x in timed
-                     if x.timing.probe_ms] or None,
         "mean_ms": _mean([x.timing.stats.mean_ms for x in timed]),
         "max_ms": max((x.timing.stats.max_ms for x in timed), default=None),
         "p90_ms": timing and timing.stats.p90_ms,
