@@ -141,7 +141,9 @@ def machine_noise() -> Iterator[dict]:
     found["probe_ms"] += probe_ms()
     if before and after and after[2] > before[2]:
         total = after[2] - before[2]
-        found["steal"] = (after[0] - before[0]) / total
+        # /proc/stat's per-CPU counters are not read at one instant (and idle can step
+        # back on tickless kernels), so over a short block a share can fall outside [0, 1].
+        found["steal"] = min(1.0, max(0.0, (after[0] - before[0]) / total))
         others = (after[1] - before[1]) - (after[3] - before[3])
         found["other_load"] = min(1.0, max(0.0, others / total))
 
