@@ -398,6 +398,13 @@ class AB(Command):
         parser.add_argument("--no-fail", action="store_true",
                             help="exit 0 even when B is slower or costs more")
         parser.add_argument("--out", type=Path, default=Path("results/ab"), help="results dir")
+        parser.add_argument("--pairing", choices=["processes", "lockstep"],
+                            default="processes",
+                            help="processes: A's and B's process of a round one after the "
+                                 "other; lockstep: side by side, their steps alternating in "
+                                 "--slices slices (both refs need lockstep's worker)")
+        parser.add_argument("--slices", type=int, default=5,
+                            help="lockstep: slices the timed steps are cut into (default 5)")
 
     @classmethod
     def run(cls, args):
@@ -415,14 +422,20 @@ class AB(Command):
         ab.resolve_ref(args.ref_a)
         ab.resolve_ref(args.ref_b)
         ab.check_clean([args.ref_a, args.ref_b], allow_dirty=args.allow_dirty)
+        lockstep = args.slices if args.pairing == "lockstep" else 0
+        if lockstep and (lockstep < 2 or options["steps"] % lockstep):
+            raise ValueError(f"--slices {lockstep} with --steps {options['steps']}: give 2 or "
+                             "more slices that divide the timed steps (e.g. --steps 10 "
+                             "--slices 5)")
         grid = Grid(args, args.out, options=options)
         with grid.progress(len(grid.cells) * 2 * grid.rounds) as (on_start, on_record), \
                 stopped_keeps(lambda: grid.kept(args.out) + "; worktrees removed"):
             result = ab.run_ab(args.ref_a, args.ref_b, grid.cells, args.out, env=grid.env,
                                timeout_s=grid.timeout_s, rounds=grid.rounds,
                                on_start=on_start, on_record=on_record,
-                               min_effect=args.threshold)
-        text = ab.markdown(args.ref_a, args.ref_b, result, grid.rounds, args.threshold)
+                               min_effect=args.threshold, lockstep_slices=lockstep)
+        text = ab.markdown(args.ref_a, args.ref_b, result, grid.rounds, args.threshold,
+                           lockstep)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "ab.md").write_text(text)
         print(text)

@@ -125,27 +125,53 @@ def _cpu_seconds() -> tuple[float, float, float, float] | None:
             sum(fields[:8]) / tick, own.user + own.system)
 
 
+class NoiseMeter:
+    """Readings of the machine over the windows it is told about (`window`), that no arm's
+    code changes:
+    - `probe_ms`: the fixed-work probe, 3 times when the meter starts and 3 at `close`;
+    - `other_load`: the share of the machine's CPU time, summed over the windows, that
+      other processes were busy (the machine's busy time less this process's own), 0 on an
+      otherwise idle machine;
+    - `steal`: the share the hypervisor gave to other guests in those windows.
+    Both shares are None where /proc/stat is not readable. A process that waits between
+    its windows while another process runs (lockstep A/B) counts only its own windows, so
+    its partner's slices are not read as other load."""
+
+    def __init__(self):
+        self.found: dict = {"probe_ms": probe_ms(), "steal": None, "other_load": None}
+        self._spent: list[float] | None = [0.0] * 4
+        """(steal, busy, total, own) CPU seconds over the windows; None if one was unread."""
+
+    @contextlib.contextmanager
+    def window(self) -> Iterator[None]:
+        before = _cpu_seconds()
+        yield
+        after = _cpu_seconds()
+        if before is None or after is None or self._spent is None:
+            self._spent = None
+        else:
+            self._spent = [s + (a - b) for s, a, b in zip(self._spent, after, before,
+                                                          strict=True)]
+
+    def close(self) -> dict:
+        """The readings (the dict `found`, filled in)."""
+        self.found["probe_ms"] += probe_ms()
+        if self._spent is not None and self._spent[2] > 0:
+            steal, busy, total, own = self._spent
+            # /proc/stat's per-CPU counters are not read at one instant (and idle can step
+            # back on tickless kernels), so over a short block a share can fall outside [0, 1].
+            self.found["steal"] = min(1.0, max(0.0, steal / total))
+            self.found["other_load"] = min(1.0, max(0.0, (busy - own) / total))
+        return self.found
+
+
 @contextlib.contextmanager
 def machine_noise() -> Iterator[dict]:
-    """Yields a dict filled on exit with readings of the machine during the block that no
-    arm's code changes:
-    - `probe_ms`: the fixed-work probe, 3 times before and 3 after the block;
-    - `other_load`: the share of the machine's CPU time that other processes were busy
-      (the machine's busy time less this process's own), 0 on an otherwise idle machine;
-    - `steal`: the share the hypervisor gave to other guests.
-    Both shares are None where /proc/stat is not readable."""
-    found: dict = {"probe_ms": probe_ms(), "steal": None, "other_load": None}
-    before = _cpu_seconds()
-    yield found
-    after = _cpu_seconds()
-    found["probe_ms"] += probe_ms()
-    if before and after and after[2] > before[2]:
-        total = after[2] - before[2]
-        # /proc/stat's per-CPU counters are not read at one instant (and idle can step
-        # back on tickless kernels), so over a short block a share can fall outside [0, 1].
-        found["steal"] = min(1.0, max(0.0, (after[0] - before[0]) / total))
-        others = (after[1] - before[1]) - (after[3] - before[3])
-        found["other_load"] = min(1.0, max(0.0, others / total))
+    """Yields a dict filled on exit with the `NoiseMeter` readings of the block."""
+    meter = NoiseMeter()
+    with meter.window():
+        yield meter.found
+    meter.close()
 
 
 def step_stats(samples_ms: list[float]) -> StepStats:

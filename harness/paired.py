@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from harness import results
+from harness.lockstep import Gate
 from harness.reaper import REAPER, raise_if_signalled
 from harness.worker import (
     CellRun,
@@ -64,10 +65,13 @@ def check(arms: Sequence[str], steps: int, slices: int) -> None:
                          "that divide the timed steps (e.g. --steps 40 --slices 8)")
 
 
-def run_paired(runs: Sequence[CellRun], slices: int, phases: Phases) -> list[Record]:
+def run_paired(runs: Sequence[CellRun], slices: int, phases: Phases,
+               gate: Gate | None = None) -> list[Record]:
     """Builds every arm of `runs` (one shape) here, warms each (its first step checks
     parity), then times `slices` slices of steps/slices steps each, the arm order rotated
-    from slice to slice (`slice_order`); one record per arm."""
+    from slice to slice (`slice_order`); one record per arm. With a `gate` (lockstep A/B,
+    harness.lockstep), the process says when it is ready and times each slice only when
+    told to, as another process's slices alternate with its own."""
     import importlib
 
     from arms.registry import preload
@@ -93,8 +97,11 @@ def run_paired(runs: Sequence[CellRun], slices: int, phases: Phases) -> list[Rec
     pauses = [measure.GCPauses() for _ in built]
     recompiles = [0] * len(built)
     measure.settle_heap()
-    with measure.machine_noise() as noise:
-        _time_slices(built, slices, per_slice, samples, pauses, recompiles, compiles)
+    meter = measure.NoiseMeter()
+    if gate is not None:
+        gate.ready()
+    _time_slices(built, slices, per_slice, samples, pauses, recompiles, compiles, meter, gate)
+    noise = meter.close()
     phases.end("timed")
     records = []
     for k, (run, arm, _, build_s, first_loss, captured) in enumerate(built):
@@ -122,20 +129,26 @@ def slice_order(arms: int, index: int) -> list[int]:
 
 
 def _time_slices(built, slices: int, per_slice: int, samples, pauses, recompiles,
-                 compiles) -> None:
-    """The timed slices, each an arm's steps/slices steps, in `slice_order`."""
+                 compiles, meter, gate: Gate | None) -> None:
+    """The timed slices, each an arm's steps/slices steps, in `slice_order`; the machine
+    read (`meter`) over each slice, and with a `gate`, each slice begun when it says."""
     from harness import measure
 
     for index in range(slices):
-        for k in slice_order(len(built), index):
-            _, arm, batches, *_ = built[k]
-            before = compiles.count
-            with pauses[k].watch():
-                wall, dispatch, wait = measure.timed_steps(lambda a=arm, b=batches: a.step(b),
-                                                           per_slice, _block)
-            recompiles[k] += compiles.count - before
-            for kept, new in zip(samples[k], (wall, dispatch, wait), strict=True):
-                kept += new
+        if gate is not None:
+            gate.wait()
+        with meter.window():
+            for k in slice_order(len(built), index):
+                _, arm, batches, *_ = built[k]
+                before = compiles.count
+                with pauses[k].watch():
+                    wall, dispatch, wait = measure.timed_steps(
+                        lambda a=arm, b=batches: a.step(b), per_slice, _block)
+                recompiles[k] += compiles.count - before
+                for kept, new in zip(samples[k], (wall, dispatch, wait), strict=True):
+                    kept += new
+        if gate is not None:
+            gate.done()
 
 
 def groups(cells: Sequence[CellRun]) -> list[list[CellRun]]:

@@ -241,16 +241,27 @@ def worker_process(args: list[str], env: dict[str, str], err_path: Path, timeout
                    cwd: Path | None) -> tuple[int | None, int | None]:
     """(exit code or None at the timeout, peak RSS) of `python -m harness.worker ARGS` in a
     process group of its own that dies with this process; its output goes to `err_path`."""
+    with started_worker(args, env, err_path, cwd) as proc:
+        return _wait(proc, timeout_s)
+
+
+@contextlib.contextmanager
+def started_worker(args: list[str], env: dict[str, str], err_path: Path, cwd: Path | None,
+                   pass_fds: Sequence[int] = ()):
+    """Yields the Popen of `python -m harness.worker ARGS`, started in a process group of
+    its own that dies with this process, its output going to `err_path`, `pass_fds` kept
+    open in it; on leaving (the worker's end, a timeout, SIGINT or SIGTERM) the group is
+    taken down and the process reaped."""
     command = [sys.executable, "-m", "harness.worker", *args]
     env = {**env, SPAWNED_AT: repr(time.time())}
     with err_path.open("w") as stderr:
         proc = subprocess.Popen(command, env=env, stdout=stderr, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=cwd,
+                                start_new_session=True, cwd=cwd, pass_fds=tuple(pass_fds),
                                 preexec_fn=die_with_parent(os.getpid()))
         with REAPER.watch("group", pgid=proc.pid):
             try:
-                return _wait(proc, timeout_s)
-            finally:  # the timeout, SIGINT or SIGTERM: take the cell's group down
+                yield proc
+            finally:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 if proc.returncode is None:

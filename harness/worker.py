@@ -496,6 +496,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="--cell is a list of one shape's cells, timed in this many "
                         "alternating slices in this process (harness.paired); the records "
                         "go to --out as a JSON list")
+    parser.add_argument("--gate-fd", type=int, default=-1,
+                        help="with --slices: a socket the parent times the slices through "
+                        "(lockstep A/B, harness.lockstep): ready after warmup, each slice when "
+                        "told")
     args = parser.parse_args(argv)
     import os
 
@@ -504,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     from harness.environment import environment
 
     if args.slices:
-        return _paired_main(json.loads(args.cell), args.slices, args.out, phases)
+        return _paired_main(json.loads(args.cell), args.slices, args.out, phases,
+                            args.gate_fd)
     run = CellRun(**json.loads(args.cell))
 
     try:
@@ -520,13 +525,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if record.ok else 1
 
 
-def _paired_main(cells: list[dict], slices: int, out_path: str, phases: Phases) -> int:
+def _paired_main(cells: list[dict], slices: int, out_path: str, phases: Phases,
+                 gate_fd: int = -1) -> int:
     from harness.environment import environment
+    from harness.lockstep import Gate
     from harness.paired import run_paired
 
     runs = [CellRun(**cell) for cell in cells]
     try:
-        records = run_paired(runs, slices, phases)
+        records = run_paired(runs, slices, phases, Gate(gate_fd) if gate_fd >= 0 else None)
     except Exception as err:  # recorded, not raised: every arm of the process failed
         records = [Record(status="failed", error=exception_failure(err, run)) for run in runs]
     env = section(Environment, environment())

@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Sequence
 
 from reports import costs, stats
-from reports.record import Record, cell_name
+from reports.record import Record, cell_name, sliced_runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +37,12 @@ class Cell:
     def runs(self) -> list[list[float]]:
         """Per-step times of every run that finished."""
         return [r.timing.step_ms for r in self.ok if r.timing]
+
+    @property
+    def slices(self) -> list[list[list[float]]] | None:
+        """Per-step times of every finished run cut into its slices (runs x slices x
+        steps); None unless every run was timed in slices."""
+        return sliced_runs([r for r in self.ok if r.timing])
 
     @property
     def median_ms(self) -> float | None:
@@ -108,11 +114,20 @@ def compare_cells(old: Cell, new: Cell, *, paired: bool = False,
                               warnings=failed + warnings)
     pair = paired and len(old.runs) == len(new.runs)
     busy = stats.busy([r.timing.other_load for r in (*old.ok, *new.ok) if r.timing])
-    timing = stats.compare(old.runs, new.runs, paired=pair, busy=busy)
+    sliced = old.slices, new.slices
+    if pair and sliced[0] and sliced[1] and _shape(sliced[0]) == _shape(sliced[1]):
+        # Lockstep A/B: slice i of both sides' run r ran next to each other.
+        timing = stats.compare_slices(*sliced)
+    else:
+        timing = stats.compare(old.runs, new.runs, paired=pair, busy=busy)
     return CellComparison(name=new.name, old=old, new=new, timing=timing,
                           verdict=stats.verdict(timing, min_effect),
                           cost_changes=costs.changes(old.ok, new.ok),
                           warnings=failed + warnings)
+
+
+def _shape(runs: list[list[list[float]]]) -> list[list[int]]:
+    return [[len(s) for s in run] for run in runs]
 
 
 def _counted(lines) -> list[str]:

@@ -15,6 +15,7 @@ reports never import the harness), and it imports nothing but the standard libra
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import types
 import typing
@@ -145,8 +146,24 @@ class Timing:
     slices: list[int] | None = None
     """In-process pairing: the steps of each slice, in the order they ran (`step_ms` is
     their concatenation; slice i of every arm of the process ran next to each other);
-    None: one uninterrupted window."""
+    lockstep A/B: slice i of A's and of B's process ran next to each other. None: one
+    uninterrupted window."""
 
+    def sliced(self) -> list[list[float]] | None:
+        """`step_ms` cut into its slices; None for one uninterrupted window."""
+        if not self.slices:
+            return None
+        ends = list(itertools.accumulate(self.slices, initial=0))
+        return [self.step_ms[a:b] for a, b in itertools.pairwise(ends)]
+
+
+
+def sliced_runs(timed: list[Record]) -> list[list[list[float]]] | None:
+    """Each timed record's steps cut into its slices (runs x slices x steps); None unless
+    every one was timed in slices (in-process pairing, lockstep A/B)."""
+    if not timed or not all(r.timing.slices for r in timed):
+        return None
+    return [r.timing.sliced() for r in timed]
 
 @_section
 class ExecutableMemory:

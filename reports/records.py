@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from reports.parity import judge
-from reports.record import Environment, Record, RecordError
+from reports.record import Environment, Record, RecordError, sliced_runs
 from reports.work import flops_per_model_flop
 
 ResultsError = RecordError
@@ -93,21 +93,6 @@ def _first(records: list[Record], attr: str):
     return next((getattr(r, attr) for r in records if getattr(r, attr) is not None), None)
 
 
-def _slices(timed: list[Record]) -> list[list[list[float]]] | None:
-    """In-process pairing: each process's steps cut into its slices (processes x slices x
-    steps); None unless every record of the cell was timed in slices."""
-    if not timed or not all(x.timing.slices for x in timed):
-        return None
-    out = []
-    for record in timed:
-        steps, start, cut = record.timing.step_ms, 0, []
-        for length in record.timing.slices:
-            cut.append(steps[start:start + length])
-            start += length
-        out.append(cut)
-    return out
-
-
 def _row(records: list[Record]) -> dict:
     """A cell's columns from its records (all ok, or one failed)."""
     from reports import stats
@@ -135,7 +120,7 @@ def _row(records: list[Record]) -> dict:
         "plan_target": run.plan_target, **_plan_columns(_first(records, "plan")),
         "runs": runs, "rounds": len(runs),
         "round_ids": [(x.run_id, x.round) for x in timed],
-        "slices": _slices(timed), "pairing": tuple(run.pairing) if run.pairing else None,
+        "slices": sliced_runs(timed), "pairing": tuple(run.pairing) if run.pairing else None,
         "step_ms": [t for run_ms in runs for t in run_ms],
         "median_ms": center and center.median, "median_low": center and center.low,
         "median_high": center and center.high,

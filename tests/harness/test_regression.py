@@ -1,6 +1,7 @@
 """Nightly regression detection and A/B of git refs, end to end on real runs."""
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -138,6 +139,27 @@ def test_ab_between_two_real_commits_flags_the_slower_one(two_commits):
     assert "| slower |" in row and low > 1.0, proc.stdout
     assert "| 6 / 6 |" in row
     assert (two_commits / "ab-out" / "ab.md").exists()
+
+
+@pytest.mark.slow
+def test_lockstep_ab_between_two_real_commits_flags_the_slower_one(two_commits):
+    proc = _ab(two_commits, "HEAD~1", "HEAD", extra=["--pairing", "lockstep", "--slices", "5"])
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "side by side, their steps alternating in 5 slices" in proc.stdout
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("| native"))
+    low = float(row.split("|")[5].split("[")[1].split(",")[0])
+    assert "| slower |" in row and low > 1.0 and "| 6 / 6 |" in row, proc.stdout
+    records = [json.loads(line) for path in (two_commits / "ab-out").glob("*.jsonl")
+               for line in path.read_text().splitlines()]
+    assert len(records) == 12
+    assert all(r["run"]["pairing"] == ["lockstep"] and r["timing"]["slices"] == [3] * 5
+               for r in records)
+
+
+def test_lockstep_slices_must_divide_the_steps(two_commits):
+    proc = _ab(two_commits, "HEAD", "HEAD", extra=["--pairing", "lockstep", "--slices", "4"])
+    assert proc.returncode == 2
+    assert "--slices 4 with --steps 15: give 2 or more slices that divide" in proc.stderr
 
 
 def test_ab_refuses_unknown_refs_and_a_dirty_head(two_commits):
