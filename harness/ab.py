@@ -110,18 +110,20 @@ def run_ab(ref_a: str, ref_b: str, cells: Sequence[CellRun], out_dir: Path, *,
                 if lockstep_slices:
                     found = _lockstep_round(refs, cell, round_index, order, lockstep_slices,
                                             out_dir, timeout_s, on_start)
-                else:
-                    found = {side: run_grid(
-                        [cell], out_dir, env=refs.env_of(side), timeout_s=timeout_s,
-                        run_id=refs.run_id(side), cwd=trees[side], first_round=round_index,
-                        ab=refs.tag(side), on_start=on_start, store=refs.store(side),
-                        # One cell per call: a zygote would serve one cell, and an older
-                        # ref has none.
-                        prefork=False)[1][0] for side in order}
-                for side in order:
-                    records[side].append(found[side])
+                    done = [found[side] for side in order]
+                else:  # each side's record as its process ends
+                    done = (run_grid([cell], out_dir, env=refs.env_of(side),
+                                     timeout_s=timeout_s, run_id=refs.run_id(side),
+                                     cwd=trees[side], first_round=round_index,
+                                     ab=refs.tag(side), on_start=on_start,
+                                     store=refs.store(side),
+                                     # One cell per call: a zygote would serve one cell,
+                                     # and an older ref has none.
+                                     prefork=False)[1][0] for side in order)
+                for record in done:
+                    records[record.ab.side].append(record)
                     if on_record:
-                        on_record(index, found[side])
+                        on_record(index, record)
         finally:  # also on Ctrl-C and SIGTERM (harness.reaper.Terminated)
             for tree in trees.values():
                 if tree.exists():

@@ -9,8 +9,9 @@ pairs are compared like in-process pairing (`reports.stats.compare_slices`). Wha
 cannot remove is the luck of each process (its memory layout): the rounds sample that.
 
 Protocol over a socket pair (one byte a message): the worker sends READY once built and
-warm, then for each slice waits for GO, times its steps and sends DONE. A worker that dies
-closes its end, and the parent drives the other side on alone.
+warm, then for each slice waits for GO, times its steps and sends DONE; after its last slice
+it waits until the parent closes its end, which happens once both sides are done. A worker
+that dies closes its end, and the parent drives the other side on alone.
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ class Gate:
 
     def done(self) -> None:
         self._sock.sendall(DONE)
+
+    def released(self) -> None:
+        """Waits after the last slice until the parent ends the pair (closes its end), so
+        that what this process does next (cost analysis, writing its record, exiting) never
+        runs beside the other process's last slice."""
+        while self._sock.recv(1):
+            pass
 
 
 @dataclasses.dataclass
@@ -116,9 +124,10 @@ def run_pair(cell, slices: int, sides: Mapping[str, tuple[dict[str, str], Path |
                 side = live[names[k]]
                 side.tell(GO)
                 side.expect(DONE, deadline)
+        for side in live.values():
+            side.sock.close()  # both done: each may go on to its record
         records = {}
         for name, side in live.items():
-            side.sock.close()  # a worker still waiting for GO learns the pair is over
             code, max_rss = _wait(side.proc, max(0.0, deadline - time.monotonic()))
             stderr = side.err.read_text(errors="replace") if side.err.exists() else ""
             failure = classify(Exit(code=code, stderr=stderr, wrote_record=side.out.exists(),

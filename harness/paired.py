@@ -97,11 +97,12 @@ def run_paired(runs: Sequence[CellRun], slices: int, phases: Phases,
     pauses = [measure.GCPauses() for _ in built]
     recompiles = [0] * len(built)
     measure.settle_heap()
-    meter = measure.NoiseMeter()
     if gate is not None:
         gate.ready()
-    _time_slices(built, slices, per_slice, samples, pauses, recompiles, compiles, meter, gate)
-    noise = meter.close()
+    noise = _time_slices(built, slices, per_slice, samples, pauses, recompiles, compiles,
+                         gate)
+    if gate is not None:
+        gate.released()
     phases.end("timed")
     records = []
     for k, (run, arm, _, build_s, first_loss, captured) in enumerate(built):
@@ -129,14 +130,18 @@ def slice_order(arms: int, index: int) -> list[int]:
 
 
 def _time_slices(built, slices: int, per_slice: int, samples, pauses, recompiles,
-                 compiles, meter, gate: Gate | None) -> None:
-    """The timed slices, each an arm's steps/slices steps, in `slice_order`; the machine
-    read (`meter`) over each slice, and with a `gate`, each slice begun when it says."""
+                 compiles, gate: Gate | None) -> dict:
+    """The timed slices, each an arm's steps/slices steps, in `slice_order`, and with a
+    `gate`, each slice begun when it says. Returns the machine's readings over the slices
+    (`measure.NoiseMeter`), its probes taken in this process's own turns: the first after
+    the first go, the last before the gate hears of the last slice."""
     from harness import measure
 
+    meter = None
     for index in range(slices):
         if gate is not None:
             gate.wait()
+        meter = meter or measure.NoiseMeter()
         with meter.window():
             for k in slice_order(len(built), index):
                 _, arm, batches, *_ = built[k]
@@ -147,8 +152,10 @@ def _time_slices(built, slices: int, per_slice: int, samples, pauses, recompiles
                 recompiles[k] += compiles.count - before
                 for kept, new in zip(samples[k], (wall, dispatch, wait), strict=True):
                     kept += new
+        noise = meter.close() if index == slices - 1 else None
         if gate is not None:
             gate.done()
+    return noise
 
 
 def groups(cells: Sequence[CellRun]) -> list[list[CellRun]]:

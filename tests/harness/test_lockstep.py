@@ -41,6 +41,10 @@ def test_a_gated_worker_times_a_slice_only_when_told(tmp_path):
             assert _recv(ours, NO_GO_S) is None  # ready, waiting: nothing is timed
             ours.sendall(lockstep.GO)
             assert _recv(ours, 60) == lockstep.DONE
+        # Done with its slices, it waits for the pair to end before its record: what it
+        # does next must not run beside the other side's last slice.
+        assert _recv(ours, NO_GO_S) is None and proc.poll() is None and not out.exists()
+        ours.close()
         proc.wait(timeout=120)
     assert proc.returncode == 0, (tmp_path / "stderr.txt").read_text()
     (record,) = [Record.from_json(d, "test", whole=False) for d in json.loads(out.read_text())]
