@@ -370,21 +370,23 @@ class AB(Command):
     name = "ab"
     help = "A/B two git refs: the same cells, interleaved round by round"
     description = ("Checks out REF_A and REF_B as git worktrees and runs every cell from "
-                   "each, A and B back to back, for --rounds rounds; reports the ratio of "
+                   "each, A's and B's processes side by side in lockstep (or one after the "
+                   "other), for --rounds rounds; reports the ratio of "
                    "medians with a 95%% CI, a verdict, the minimum detectable effect and any "
                    "change in the exact cost metrics. Exit 1 when B is slower beyond noise or "
                    "costs more (unless --no-fail), 2 on bad input. `parity ab HEAD HEAD` "
                    "measures the noise floor.")
     ROUNDS = 16
     STEPS = 10
-    """Defaults: 16 rounds of 10 steps. On a 2-core CPU VM the noise is set by how far a
-    whole process's median moves from the next process's (the log of B/A within an
-    interleaved pair has an SD of 6-15%), against a 1-3% standard error of one process's
-    median over 10 steps, so rounds buy far more than steps. With that SD, 16 pairs give a
-    95% CI half-width of 3-8% on the log ratio: a planted 10% slowdown of `native` on
-    `small` was flagged at 1.103 [1.024, 1.218] (MDE 8.8%); 6 pairs, the fewest that can
-    reach 95% at all (reports.stats.MIN_PAIRS), give an MDE of 10-20% there. A cell costs
-    ~7 minutes on that machine; pass --rounds to trade sensitivity for time."""
+    """Defaults: 16 rounds of 10 steps, in lockstep (5 slices of 2 steps). On a 2-core CPU
+    VM the noise is set by how far a whole process's median moves from the next process's
+    (6-15%), against a 1-3% standard error of one process's median over 10 steps, so rounds
+    buy far more than steps. Measured there (`ab HEAD HEAD --arms native --preset small`):
+    processes one after the other, MDE 9.4-14.8% and 254-446 s; in lockstep, MDE 6.1-7.5%
+    and 159-171 s (both processes build at once). A planted 5% slowdown read 1.038 [1.004,
+    1.094] in lockstep and 1.049 [0.988, 1.114] one after the other. 6 rounds, the fewest
+    that can reach 95% by the CI alone (reports.stats.MIN_PAIRS), cost less and detect
+    less; pass --rounds to trade sensitivity for time."""
 
     @classmethod
     def setup(cls, parser):
@@ -399,10 +401,10 @@ class AB(Command):
                             help="exit 0 even when B is slower or costs more")
         parser.add_argument("--out", type=Path, default=Path("results/ab"), help="results dir")
         parser.add_argument("--pairing", choices=["processes", "lockstep"],
-                            default="processes",
-                            help="processes: A's and B's process of a round one after the "
-                                 "other; lockstep: side by side, their steps alternating in "
-                                 "--slices slices (both refs need lockstep's worker)")
+                            help="lockstep: A's and B's process of a round side by side, "
+                                 "their steps alternating in --slices slices; processes: one "
+                                 "after the other. Default: lockstep where both refs have it "
+                                 "(ab.md says when not)")
         parser.add_argument("--slices", type=int, default=5,
                             help="lockstep: slices the timed steps are cut into (default 5)")
 
@@ -422,20 +424,20 @@ class AB(Command):
         ab.resolve_ref(args.ref_a)
         ab.resolve_ref(args.ref_b)
         ab.check_clean([args.ref_a, args.ref_b], allow_dirty=args.allow_dirty)
-        lockstep = args.slices if args.pairing == "lockstep" else 0
+        lockstep = 0 if args.pairing == "processes" else args.slices
         if lockstep and (lockstep < 2 or options["steps"] % lockstep):
             raise ValueError(f"--slices {lockstep} with --steps {options['steps']}: give 2 or "
                              "more slices that divide the timed steps (e.g. --steps 10 "
-                             "--slices 5)")
+                             "--slices 5), or pass --pairing processes")
         grid = Grid(args, args.out, options=options)
         with grid.progress(len(grid.cells) * 2 * grid.rounds) as (on_start, on_record), \
                 stopped_keeps(lambda: grid.kept(args.out) + "; worktrees removed"):
             result = ab.run_ab(args.ref_a, args.ref_b, grid.cells, args.out, env=grid.env,
                                timeout_s=grid.timeout_s, rounds=grid.rounds,
                                on_start=on_start, on_record=on_record,
-                               min_effect=args.threshold, lockstep_slices=lockstep)
-        text = ab.markdown(args.ref_a, args.ref_b, result, grid.rounds, args.threshold,
-                           lockstep)
+                               min_effect=args.threshold, lockstep_slices=lockstep,
+                               lockstep_required=args.pairing == "lockstep")
+        text = ab.markdown(args.ref_a, args.ref_b, result, grid.rounds, args.threshold)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "ab.md").write_text(text)
         print(text)

@@ -19,7 +19,7 @@ CELL = ["--arms", "test-hang", "--plugin", "tests.harness.fault_arms", "--preset
         "--seq", "16", "--batch", "4", "--steps", "2", "--warmup", "1"]
 COMMANDS = {
     "run": ["run", *CELL],
-    "ab": ["ab", "HEAD", "HEAD", "--allow-dirty", *CELL],
+    "ab": ["ab", "HEAD", "HEAD", "--allow-dirty", *CELL, "--slices", "2"],
     "nightly": ["nightly", *CELL, "--rounds", "1"],
     "launch": ["launch", "-n", "2", "--", *CELL],
 }

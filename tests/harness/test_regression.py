@@ -128,7 +128,7 @@ def _ab(clone, *refs, extra=()):
 
 @pytest.mark.slow
 def test_ab_between_two_real_commits_flags_the_slower_one(two_commits):
-    proc = _ab(two_commits, "HEAD~1", "HEAD")
+    proc = _ab(two_commits, "HEAD~1", "HEAD", extra=["--pairing", "processes"])
     assert proc.returncode == 1, proc.stdout + proc.stderr  # B is slower: exit 1
     row = next(line for line in proc.stdout.splitlines() if line.startswith("| native"))
     _ratio, ci = row.split("|")[5].split("[")
@@ -143,7 +143,7 @@ def test_ab_between_two_real_commits_flags_the_slower_one(two_commits):
 
 @pytest.mark.slow
 def test_lockstep_ab_between_two_real_commits_flags_the_slower_one(two_commits):
-    proc = _ab(two_commits, "HEAD~1", "HEAD", extra=["--pairing", "lockstep", "--slices", "5"])
+    proc = _ab(two_commits, "HEAD~1", "HEAD")  # lockstep, 5 slices: the default
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "side by side, their steps alternating in 5 slices" in proc.stdout
     row = next(line for line in proc.stdout.splitlines() if line.startswith("| native"))
