@@ -151,9 +151,9 @@ def test_lockstep_ab_between_two_real_commits_flags_the_slower_one(two_commits):
     assert "| slower |" in row and low > 1.0 and "| 6 / 6 |" in row, proc.stdout
     records = [json.loads(line) for path in (two_commits / "ab-out").glob("*.jsonl")
                for line in path.read_text().splitlines()]
-    assert len(records) == 12
-    assert all(r["run"]["pairing"] == ["lockstep"] and r["timing"]["slices"] == [3] * 5
-               for r in records)
+    lockstep = [r for r in records if r["run"]["pairing"] == ["lockstep"]]  # (the module's
+    assert len(lockstep) == 12  # other A/Bs write there too)
+    assert all(r["timing"]["slices"] == [3] * 5 for r in lockstep)
 
 
 def test_lockstep_slices_must_divide_the_steps(two_commits):
