@@ -66,6 +66,7 @@ def test_a_worker_whose_parent_leaves_fails_its_record_instead_of_hanging(tmp_pa
     assert "closed the gate before the last slice" in record["error"]["message"]
 
 
+@pytest.mark.slow  # four worker processes
 def test_a_lockstep_pair_records_both_sides_and_compares_their_slice_pairs(tmp_path):
     env = cpu_env(1)
     rounds = []
