@@ -97,12 +97,14 @@ def run_pair(cell, slices: int, sides: Mapping[str, tuple[dict[str, str], Path |
     """Record of `cell` from each side (name -> (env, cwd), the first to time first):
     both processes start together; once both are warm, `slices` slices alternate between
     them (`harness.paired.slice_order`), then both write their records. A side that fails
-    gets its failure record, and the other is timed alone. `timeout_s` bounds the pair."""
+    gets its failure record, and the other is timed alone. The pair may take twice
+    `timeout_s`, a cell's time limit."""
     from harness.paired import slice_order
-    from harness.runner import Exit, _wait, cell_json, classify, started_worker
+    from harness.runner import STDERR_TAIL, Exit, _wait, cell_json, classify, started_worker
     from reports.record import Record
 
-    deadline = time.monotonic() + timeout_s * 2  # two cells build side by side
+    timeout_s *= 2  # two cells build side by side
+    deadline = time.monotonic() + timeout_s
     with tempfile.TemporaryDirectory(prefix="parity-lockstep-") as tmp, \
             REAPER.watch("path", path=tmp), contextlib.ExitStack() as stack:
         live: dict[str, _Side] = {}
@@ -132,8 +134,11 @@ def run_pair(cell, slices: int, sides: Mapping[str, tuple[dict[str, str], Path |
             stderr = side.err.read_text(errors="replace") if side.err.exists() else ""
             failure = classify(Exit(code=code, stderr=stderr, wrote_record=side.out.exists(),
                                     max_rss_bytes=max_rss), timeout_s)
-            records[name] = failure or Record.from_json(
+            record = failure or Record.from_json(
                 json.loads(side.out.read_text())[0], f"lockstep cell {cell.arm} ({name})",
                 whole=False)
-            records[name].wall_s = time.perf_counter() - start
+            if failure is None and record.error:
+                record.error.stderr_tail = stderr[-STDERR_TAIL:]
+            record.wall_s = time.perf_counter() - start
+            records[name] = record
     return records
