@@ -202,12 +202,22 @@ def run_paired_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[
                     cwd: Path | None = None) -> tuple[Path, list[Record]]:
     """Every shape's arms paired in one process, `rounds` processes per shape (shapes in
     reversed order on odd rounds); records appended to `out_dir/<run_id>.jsonl` as each
-    process ends. Traces are not taken here (a traced window is a run of its own)."""
-    from harness.runner import _path_safe, _store, new_run_id, results_path, stamp
+    process ends. A run resumed with the same `run_id` skips the processes it recorded.
+    Traces are not taken here (a traced window is a run of its own)."""
+    from harness.runner import (
+        _config_hash,
+        _path_safe,
+        _store,
+        new_run_id,
+        recorded,
+        results_path,
+        stamp,
+    )
     from harness.worker import COMPILE_CACHE, REFERENCE_DIR
 
     run_id = run_id or new_run_id()
     path = results_path(out_dir, run_id, suite)
+    done = recorded(path, run_id)  # a resumed run: its processes that ended are not rerun
     shapes = groups([dataclasses.replace(c, trace=False) for c in cells])
     index_of = {(c.arm, json.dumps(c.spec, sort_keys=True)): n for n, c in enumerate(cells)}
     records: list[Record] = []
@@ -216,6 +226,8 @@ def run_paired_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[
             order = shapes if round_index % 2 == 0 else shapes[::-1]
             for group in order:
                 raise_if_signalled()
+                if all((c.arm, _config_hash(c), round_index) in done for c in group):
+                    continue
                 if round_index:
                     group = [dataclasses.replace(c, parity=False) for c in group]
                 arms = [c.arm for c in group]

@@ -58,9 +58,14 @@ def test_a_refused_pairing_exits_2_before_any_cell(tmp_path):
 @pytest.mark.slow
 def test_a_paired_run_records_slices_and_the_report_compares_slice_pairs(tmp_path):
     out = tmp_path / "out"
-    proc = parity_cli("run", "--pairing", "in-process", "--arms", "native,test-spin", *CELL,
-                   "--steps", "12", "--slices", "4", "--rounds", "2", "--out", str(out))
+    command = ["run", "--pairing", "in-process", "--arms", "native,test-spin", *CELL,
+               "--steps", "12", "--slices", "4", "--out", str(out), "--run-id", "paired"]
+    proc = parity_cli(*command, "--rounds", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # The same run resumed with more rounds runs only the process it has no records of.
+    proc = parity_cli(*command, "--rounds", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("start") == 2, proc.stdout  # the two arms of round 1
     records = results.read_dir(out)
     assert [(r.arm, r.round) for r in records] == [
         ("native", 0), ("test-spin", 0), ("native", 1), ("test-spin", 1)]
