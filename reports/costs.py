@@ -52,6 +52,12 @@ def _one_value(records: Sequence[Record], name: str) -> float | None:
     return max(_seen(records, name), default=None)
 
 
+def side_values(records: Sequence[Record]) -> dict[str, float | None]:
+    """Every cost metric of one side's records, as `changes` compares them (the largest
+    where its runs disagree; None where no record has it)."""
+    return {name: _one_value(records, name) for name in METRICS}
+
+
 def nondeterministic(records: Sequence[Record]) -> list[str]:
     """Warnings for metrics whose runs of one cell disagree (then they are not noise-free)."""
     return [f"{name} differs between runs of this cell: {sorted(seen)}"

@@ -555,12 +555,13 @@ def section(cls, data: Any, where: str = "record"):
 
 
 # ------------------------------------------------------------------------------ validation
-_HINTS: dict[type, dict[str, Any]] = {}
+_HINTS: dict[type, tuple[dict[str, Any], dict[str, dataclasses.Field]]] = {}
 
 
-def _hints(cls) -> dict[str, Any]:
+def _hints(cls) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
+    """A section's type hints and fields by name (computed once per class)."""
     if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
+        _HINTS[cls] = (typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)})
     return _HINTS[cls]
 
 
@@ -568,7 +569,7 @@ def _build(cls, data: Any, where: str, path: str):
     if not isinstance(data, dict):
         raise RecordError(f"{where}: field {path or cls.__name__!r}: expected an object, got "
                           f"{type(data).__name__}")
-    hints, fields = _hints(cls), {f.name: f for f in dataclasses.fields(cls)}
+    hints, fields = _hints(cls)
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise RecordError(f"{where}: unknown field {_join(path, unknown[0])!r} (schema {SCHEMA})")
@@ -600,6 +601,8 @@ def _value(hint, value, where: str, path: str):
     if dataclasses.is_dataclass(hint):
         return _build(hint, value, where, path)
     if origin is list and isinstance(value, list | tuple):  # a tuple in memory, a list in JSON
+        if args[0] is float and all(type(v) is float or type(v) is int for v in value):
+            return [float(v) for v in value]  # the samples: checked at once, as below
         return [_value(args[0], v, where, f"{path}[{i}]") for i, v in enumerate(value)]
     if origin is dict and isinstance(value, dict):
         return {k: _value(args[1], v, where, f"{path}.{k}") for k, v in value.items()}

@@ -87,10 +87,11 @@ class Comparison:
 
     ratio: float
     """Ratio of pooled medians new/old: above 1 the new side is slower."""
-    low: float
-    """Lower end of the CI."""
-    high: float
-    """Upper end of the CI."""
+    low: float | None
+    """Lower end of the CI; None where it was not computed because no CI could change the
+    verdict (`compare(..., min_effect=...)`: a ratio within the minimum effect)."""
+    high: float | None
+    """Upper end of the CI (None as `low`)."""
     runs_old: int
     runs_new: int
     min_steps: int
@@ -102,10 +103,12 @@ class Comparison:
     level, for these run counts (`spread_bound`); it widens the CI where runs are too few."""
 
     @property
-    def mde(self) -> float:
+    def mde(self) -> float | None:
         """Half the width of the interval a verdict must clear, relative to the ratio:
         smaller differences are invisible. That interval is the CI, widened by the
-        process-spread bound where runs are too few (see `verdict`)."""
+        process-spread bound where runs are too few (see `verdict`); None without a CI."""
+        if self.low is None or self.high is None:
+            return None
         widen = 1.0 if self.enough else self.spread_bound
         return (self.high * widen - self.low / widen) / 2 / self.ratio
 
@@ -141,19 +144,32 @@ def _resampled_medians(runs: list[np.ndarray], picks: np.ndarray,
 
 
 def compare(old: Runs, new: Runs, *, paired: bool = False, seed: int = SEED,
-            resamples: int = RESAMPLES, busy: bool = False) -> Comparison:
+            resamples: int = RESAMPLES, busy: bool = False,
+            min_effect: float | None = None) -> Comparison:
     """median(new)/median(old) with a two-level (runs, then steps) bootstrap CI.
 
     `paired`: run i of `old` ran next to run i of `new` (interleaved rounds); needs the same
     number of runs on both sides and resamples them together. Too few pairs to ever reach the
     confidence (`luck_bound`) are resampled as independent runs instead, which may. `busy`:
     a run shared the machine with other processes (its process-spread bound is wider).
+
+    `min_effect`: the caller wants only the verdict at this minimum effect, so the bootstrap
+    is skipped (`low`/`high` None) where the ratio alone decides it: a ratio less than
+    `min_effect` away from 1.00, or a run shorter than `MIN_STEPS`, gets no "slower" or
+    "faster" whatever its CI (`verdict`). The verdict is the same as with the CI.
     """
     old_runs, new_runs = _runs(old, "old"), _runs(new, "new")
     if paired and len(old_runs) != len(new_runs):
         raise ValueError(f"paired comparison needs equal runs, got {len(old_runs)} and "
                          f"{len(new_runs)}")
     paired = paired and (luck_bound(len(old_runs), len(new_runs), True) <= 1 - CONFIDENCE)
+    ratio = float(np.median(np.concatenate(new_runs)) / np.median(np.concatenate(old_runs)))
+    min_steps = min(len(r) for r in [*old_runs, *new_runs])
+    if min_effect is not None and (min_steps < MIN_STEPS or 1 - min_effect < ratio
+                                   < 1 + min_effect):
+        return Comparison(ratio=ratio, low=None, high=None, runs_old=len(old_runs),
+                          runs_new=len(new_runs), min_steps=min_steps, paired=paired,
+                          spread_bound=spread_bound(old_runs, new_runs, busy=busy))
     rng = np.random.default_rng(seed)
     picks_old = rng.integers(0, len(old_runs), (resamples, len(old_runs)))
     picks_new = (picks_old if paired
@@ -161,11 +177,10 @@ def compare(old: Runs, new: Runs, *, paired: bool = False, seed: int = SEED,
     ratios = (_resampled_medians(new_runs, picks_new, rng)
               / _resampled_medians(old_runs, picks_old, rng))
     tail = expanded_tail(min(len(old_runs), len(new_runs))) * 100
-    ratio = float(np.median(np.concatenate(new_runs)) / np.median(np.concatenate(old_runs)))
     return Comparison(ratio=ratio, low=float(np.percentile(ratios, tail)),
                       high=float(np.percentile(ratios, 100 - tail)),
                       runs_old=len(old_runs), runs_new=len(new_runs),
-                      min_steps=min(len(r) for r in [*old_runs, *new_runs]), paired=paired,
+                      min_steps=min_steps, paired=paired,
                       spread_bound=spread_bound(old_runs, new_runs, busy=busy))
 
 
@@ -254,6 +269,11 @@ def verdict(c: Comparison, min_effect: float = MIN_EFFECT) -> str:
     CI clears the process-spread bound too (`Comparison.spread_bound`), else too few."""
     if c.min_steps < MIN_STEPS:
         return TOO_FEW
+    if c.low is None or c.high is None:  # skipped: the ratio is within the minimum effect
+        if not 1 - min_effect < c.ratio < 1 + min_effect:
+            raise ValueError(f"ratio {c.ratio:.3f} is {min_effect:.0%}+ away from 1.00: its "
+                             "verdict needs the CI, which was not computed")
+        return SAME if c.enough else TOO_FEW
     low, high = c.low, c.high
     if not c.enough:
         low, high = low / c.spread_bound, high * c.spread_bound
