@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import platform
@@ -40,10 +41,8 @@ def versions() -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             found[name] = None
     for name in WHERE_INSTALLED:
-        try:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
     return found
 
 

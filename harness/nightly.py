@@ -103,12 +103,14 @@ def suite_thresholds(records: Sequence[Record]) -> dict[str, float]:
 
 
 def publish(history: Sequence[Record], history_dir: Path, out: Path, *,
-            threshold: float | None = None) -> site.Published:
+            threshold: float | None = None, workers: int | None = None) -> site.Published:
     """Writes the history's site to `out` (reports.site.publish): every run judged at
-    `threshold`, or, where None, at its suite's threshold (else the nightly's 5%)."""
+    `threshold`, or, where None, at its suite's threshold (else the nightly's 5%), in
+    `workers` processes (default: one per CPU)."""
     return site.publish(history, out, source=str(history_dir),
                         threshold=threshold or site.DEFAULT_THRESHOLD,
-                        thresholds=None if threshold else suite_thresholds(history))
+                        thresholds=None if threshold else suite_thresholds(history),
+                        workers=workers)
 
 
 def published_text(done: site.Published) -> str:
@@ -136,8 +138,9 @@ def evaluate(new: list[Record], history_dir: Path, *, threshold: float,
         code = EXIT_BROKEN
     if publish_to is not None:
         try:
+            # In this process, which imported JAX for the grid: judged here, not in forks.
             text += "\n" + published_text(publish(history, history_dir, publish_to,
-                                                  threshold=threshold)) + "\n"
+                                                  threshold=threshold, workers=1)) + "\n"
         except (ValueError, OSError) as err:
             text += f"\nparity: error: the site was not published ({err})\n"
             code = EXIT_BROKEN

@@ -80,6 +80,12 @@ def hover(view: RunView) -> str:
     return "<br>".join(line for line in lines if line)
 
 
+def short_hover(view: RunView) -> str:
+    """A run in one line: when, which commit, its verdict (the timing chart has the rest)."""
+    return (f"{x_time(view.time)} UTC, commit {html.escape((view.commit or '?')[:10])}: "
+            f"{view.verdict}")
+
+
 def _wrap(text: str, width: int = 90) -> str:
     """Long lines broken for a hover box (plotly does not wrap)."""
     words, lines, line = text.split(" "), [], ""
@@ -184,7 +190,7 @@ def _panels(views: Sequence[RunView], panels, title: str, changes: Sequence[Chan
         data.append({"type": "scatter", "mode": "lines", "line": {"shape": "hv", "width": 2},
                      "name": label, "x": xs, "y": ys, "yaxis": axis,
                      "hovertext": [f"{label}: {'-' if y is None else f'{y:.6g}'}<br>"
-                                   f"{hover(v)}" for v, y in zip(views, ys, strict=True)],
+                                   f"{short_hover(v)}" for v, y in zip(views, ys, strict=True)],
                      "hoverinfo": "text"})
         for increase, colour, symbol in ((True, COLOURS[REGRESSED], "triangle-up"),
                                          (False, COLOURS[IMPROVED], "triangle-down")):

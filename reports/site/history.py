@@ -189,8 +189,10 @@ def _runs_of_key(records: list[Record]) -> list[list[Record]]:
 def judged_runs(records: Sequence[Record], *, threshold: float) -> list[RunView]:
     """Every run of `records` (one cell and kind) judged against the comparable runs before
     it, oldest first. The nightly rule reads the last `BASELINE_RUNS` runs with an ok
-    record, so only those are kept as each run's history. The timing CI is computed where the
-    verdict depends on it, and for each key's latest run (reports.regression.judge)."""
+    record, so only those are kept as each run's history. The timing CI of a run against its
+    history is computed where the verdict depends on it (reports.regression.judge with
+    full_ci=False: a ratio within the threshold is no regression or improvement whatever its
+    CI), which spares a bootstrap of every run."""
     by_key: dict[tuple, list[Record]] = {}
     for record in records:
         by_key.setdefault(record.cell_key(), []).append(record)
@@ -198,18 +200,19 @@ def judged_runs(records: Sequence[Record], *, threshold: float) -> list[RunView]
     for key, group in by_key.items():
         runs = _runs_of_key(group)
         window: collections.deque[list[Record]] = collections.deque(maxlen=BASELINE_RUNS)
-        for index, run in enumerate(runs):
+        for run in runs:
             cell = Cell(key, sorted(run, key=lambda r: (r.run_id or "", r.round)))
             same = sorted((h for past in window for h in past), key=_order)
-            row = judge(cell, same, threshold=threshold, full_ci=index == len(runs) - 1)
-            runs_ms = cell.runs
+            row = judge(cell, same, threshold=threshold, full_ci=False)
             views.append(RunView(
                 run_id=run[0].run_id or "?", time=run[0].timestamp or "", records=cell.records,
-                row=row, verdict="", why="",
-                median=stats.median_ci(runs_ms) if runs_ms else None,
-                cost=costs.side_values(cell.ok)))
+                row=row, verdict="", why="", median=None, cost=costs.side_values(cell.ok)))
             if cell.ok:
                 window.append(cell.ok)
+    timed = [(v, runs) for v in views if (runs := v.row.cell.runs)]
+    for (view, _), median in zip(timed, stats.median_cis([runs for _, runs in timed]),
+                                 strict=True):
+        view.median = median
     views.sort(key=lambda v: (v.time, v.run_id))
     return views
 
@@ -337,6 +340,24 @@ def cell_history(cell: CellId, records: Sequence[Record], *, threshold: float) -
                                threshold=threshold))
     return CellHistory(id=cell, timed=timed, plans=plans, changes=_changes(timed, plans),
                        threshold=threshold)
+
+
+def slim(history: CellHistory) -> CellHistory:
+    """The history as the index and the shape pages read it: each run keeps one record
+    without its measurements (for its environment and commit), its verdict, median and cost
+    values, and its comparison without the records compared. Small enough to send from the
+    process that judged it (reports.site.writer)."""
+    def run(view: RunView) -> RunView:
+        first = next((r for r in view.records if r.environment), view.records[0])
+        bare = dataclasses.replace(first, timing=None, cost=None, memory=None, parity=None,
+                                   trace=None, plan=None, phases=None)
+        c = view.row.comparison
+        row = NightlyRow(Cell(view.row.cell.key, []), view.row.status,
+                         dataclasses.replace(c, old=None, new=None) if c else None)
+        return dataclasses.replace(view, records=[bare], row=row)
+
+    return dataclasses.replace(history, timed=[run(v) for v in history.timed],
+                               plans=[run(v) for v in history.plans])
 
 
 def by_cell(records: Iterable[Record]) -> dict[CellId, list[Record]]:

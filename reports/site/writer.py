@@ -11,15 +11,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import multiprocessing
+import os
 import shutil
 import tempfile
+import threading
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from reports.record import Record
 from reports.site import assets, pages
-from reports.site.history import CellHistory, by_cell, cell_history
+from reports.site.history import CellHistory, CellId, by_cell, cell_history, slim
 
 MARKER = ".parity-site"
 """The file naming a directory as a site `publish` wrote (it may replace it)."""
@@ -67,25 +71,72 @@ def check_output(site: Path, flag: str = "-o") -> None:
                          f"({err.strerror or err}); give a writable directory") from None
 
 
-def build(records: Sequence[Record], *, threshold: float = DEFAULT_THRESHOLD,
-          thresholds: Mapping[str, float] | None = None) -> list[CellHistory]:
-    """Every cell's judged history. A cell is judged at its suite's threshold where
-    `thresholds` names it (suite name -> relative slowdown), else at `threshold`."""
+def _jobs(records: Sequence[Record], threshold: float,
+          thresholds: Mapping[str, float] | None) -> list[tuple[CellId, list[Record], float]]:
+    """(cell, its records, the threshold it is judged at) of every cell: its suite's where
+    `thresholds` names it (suite name -> relative slowdown), else `threshold`."""
     thresholds = thresholds or {}
-    histories = []
+    jobs = []
     for cid, group in by_cell(records).items():
         suite = next((r.suite for r in group if r.suite), None)
-        histories.append(cell_history(cid, group, threshold=thresholds.get(suite, threshold)))
-    return histories
+        jobs.append((cid, group, thresholds.get(suite, threshold)))
+    return jobs
 
 
-def render(histories: Sequence[CellHistory], directory: Path, *, source: str) -> int:
-    """Writes the site's files into `directory` (which exists); returns index.html's size."""
+def build(records: Sequence[Record], *, threshold: float = DEFAULT_THRESHOLD,
+          thresholds: Mapping[str, float] | None = None) -> list[CellHistory]:
+    """Every cell's judged history, in full (see `_jobs` for the thresholds)."""
+    return [cell_history(cid, group, threshold=t)
+            for cid, group, t in _jobs(records, threshold, thresholds)]
+
+
+_FORKED: tuple[list, Path] | None = None
+"""The jobs and the staging directory while `_cells` runs: forked workers inherit them, so
+no record is sent to a worker."""
+
+
+def _cell(index: int) -> CellHistory:
+    """Judges one cell's runs and writes its page; returns its slim history (for the index
+    and the shape pages)."""
+    jobs, directory = _FORKED
+    cid, group, threshold = jobs[index]
+    history = cell_history(cid, group, threshold=threshold)
+    (directory / pages.cell_href(history)).write_text(pages.cell(history), "utf-8")
+    return slim(history)
+
+
+def _cells(jobs: list, directory: Path, workers: int) -> list[CellHistory]:
+    """`_cell` of every job, in `workers` processes forked from this one where there is more
+    than one cell and this process runs no other Python thread; else here, one after the
+    other.
+
+    A fork copies only the calling thread, so a lock another thread held stays locked in the
+    child. The children run Python and numpy alone: the native threads numpy's BLAS starts
+    at import (which make Python warn about any fork) reset themselves across a fork, and a
+    process with Python threads of its own is not forked. Callers that imported more (the
+    nightly's process has JAX) pass workers=1."""
+    global _FORKED
+    _FORKED = (jobs, directory)
+    try:
+        if workers > 1 and len(jobs) > 1 and threading.active_count() == 1:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "This process .* is multi-threaded",
+                                        DeprecationWarning)
+                with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
+                    return pool.map(_cell, range(len(jobs)), chunksize=1)
+        return [_cell(i) for i in range(len(jobs))]
+    finally:
+        _FORKED = None
+
+
+def render(jobs: list, directory: Path, *, source: str, workers: int) -> tuple[int, list]:
+    """Writes the site's files into `directory` (which exists): assets, every cell's page
+    (judged in `workers` processes), the shape pages and the index. Returns index.html's
+    size and the cells' slim histories."""
     assets.write(directory / "assets")
     (directory / "cells").mkdir()
     (directory / "shapes").mkdir()
-    for history in histories:
-        (directory / pages.cell_href(history)).write_text(pages.cell(history), "utf-8")
+    histories = _cells(jobs, directory, workers)
     by_shape: dict[tuple, list[CellHistory]] = {}
     for history in histories:
         by_shape.setdefault(history.id.shape, []).append(history)
@@ -96,25 +147,31 @@ def render(histories: Sequence[CellHistory], directory: Path, *, source: str) ->
     (directory / "index.html").write_text(text, "utf-8")
     (directory / MARKER).write_text("written by parity publish; it may replace this "
                                     "directory whole\n")
-    return len(text.encode())
+    return len(text.encode()), histories
 
 
 def publish(records: Sequence[Record], site: Path, *, source: str = "",
             threshold: float = DEFAULT_THRESHOLD,
-            thresholds: Mapping[str, float] | None = None) -> Published:
-    """Judges every run of `records` and writes the site to `site`, whole or not at all."""
+            thresholds: Mapping[str, float] | None = None,
+            workers: int | None = None) -> Published:
+    """Judges every run of `records` and writes the site to `site`, whole or not at all;
+    `workers` processes judge the cells (default: one per CPU this process may use)."""
     start = time.perf_counter()
     site = Path(site)
     check_output(site)
     if not records:
         raise ValueError("no records to publish")
-    histories = build(records, threshold=threshold, thresholds=thresholds)
-    if not histories:
+    jobs = _jobs(records, threshold, thresholds)
+    if not jobs:
         raise ValueError("no record names a cell (an arm and its spec); nothing to publish")
+    workers = workers or len(os.sched_getaffinity(0))
     created = _make_parents(site.parent)
     staging = Path(tempfile.mkdtemp(prefix=f".{site.name}.publish-", dir=site.parent))
     try:
-        index_bytes = render(histories, staging, source=source)
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the site from a web server
+        index_bytes, histories = render(jobs, staging, source=source, workers=workers)
         _swap(staging, site)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

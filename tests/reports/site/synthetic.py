@@ -134,10 +134,10 @@ def _active(planted, night, arm, preset, ga) -> list[Event]:
     return [e for e in planted if e.hits(night, arm, preset, ga)]
 
 
-def _timing(rng, median_ms: float, tokens: int, executions: int) -> Timing:
+def _timing(rng, median_ms: float, tokens: int, executions: int, count: int) -> Timing:
     offset = np.exp(rng.normal(0, RUN_SD))
-    steps = median_ms * offset * (1 + rng.normal(0, STEP_SD, STEPS))
-    steps[rng.random(STEPS) < 0.02] *= 1.3  # a rare slow step (a host hiccup)
+    steps = median_ms * offset * (1 + rng.normal(0, STEP_SD, count))
+    steps[rng.random(count) < 0.02] *= 1.3  # a rare slow step (a host hiccup)
     step_ms = [round(float(x), 4) for x in steps]
     ordered = sorted(step_ms)
     mean = float(np.mean(step_ms))
@@ -145,7 +145,7 @@ def _timing(rng, median_ms: float, tokens: int, executions: int) -> Timing:
                       min_ms=ordered[0], p90_ms=float(np.percentile(step_ms, 90)),
                       cv=float(np.std(step_ms, ddof=1) / mean))
     dispatch = [round(0.02 * x, 4) for x in step_ms]
-    return Timing(steps=STEPS, warmup=WARMUP, step_ms=step_ms, dispatch_ms=dispatch,
+    return Timing(steps=count, warmup=WARMUP, step_ms=step_ms, dispatch_ms=dispatch,
                   wait_ms=[round(a - b, 4) for a, b in zip(step_ms, dispatch, strict=True)],
                   stats=stats, gc=GCPauses(count=0, total_ms=0.0), tokens_per_step=tokens,
                   tokens_per_s=tokens / (stats.median_ms / 1e3), build_s=40.0, compile_s=95.0,
@@ -208,10 +208,10 @@ def _run_id(when: datetime.datetime, pid: int) -> str:
 
 
 def nightly_history(*, nights: int = 365, arms=ARMS, presets=PRESETS, gas=GAS,
-                    plans: bool = True, seed: int = 0,
+                    plans: bool = True, seed: int = 0, steps: int = STEPS,
                     planted: list[Event] | None = None) -> list[Record]:
-    """`nights` nights of the suite (every arm x preset x GA, `ROUNDS` rounds interleaved,
-    then a plan per cell when `plans`), oldest first."""
+    """`nights` nights of the suite (every arm x preset x GA, `ROUNDS` rounds of `steps`
+    steps interleaved, then a plan per cell when `plans`), oldest first."""
     rng = np.random.default_rng(seed)
     planted = events(nights) if planted is None else planted
     cells = [(a, p, g) for p in presets for g in gas for a in arms]
@@ -230,7 +230,7 @@ def nightly_history(*, nights: int = 365, arms=ARMS, presets=PRESETS, gas=GAS,
                 record = Record(
                     run_id=run_id, suite="tpu7x-nightly", arm=arm, about=f"{arm} on a model",
                     spec=spec, config_hash=_config_hash(arm, spec, False),
-                    run=RunOptions(steps=STEPS, warmup=WARMUP, trace=False, trace_steps=0,
+                    run=RunOptions(steps=steps, warmup=WARMUP, trace=False, trace_steps=0,
                                    parity=round_index == 0),
                     timestamp=clock.isoformat(), wall_s=150.0, environment=env,
                     round=round_index)
@@ -245,7 +245,7 @@ def nightly_history(*, nights: int = 365, arms=ARMS, presets=PRESETS, gas=GAS,
                 bytes_scale = float(np.prod([e.bytes_scale for e in active]))
                 median = BASE_MS[preset] * SPEED[arm] * (1 if ga == 1 else 3.9) * scale
                 cost, memory, executions = _cost(arm, preset, ga, bytes_scale)
-                record.timing = _timing(rng, median, 32 * 4096, executions)
+                record.timing = _timing(rng, median, 32 * 4096, executions, steps)
                 record.cost, record.memory = cost, memory
                 if round_index == 0 and night == nights - 1:
                     logdir = f"/data/parity-history/traces/{run_id}/{arm}-{preset}-ga{ga}"
@@ -265,7 +265,7 @@ def nightly_history(*, nights: int = 365, arms=ARMS, presets=PRESETS, gas=GAS,
                 records.append(Record(
                     run_id=plan_id, suite="tpu7x-nightly", arm=arm, about=f"{arm} on a model",
                     spec=spec, config_hash=_config_hash(arm, spec, True),
-                    run=RunOptions(steps=STEPS, warmup=WARMUP, trace=False, trace_steps=0,
+                    run=RunOptions(steps=steps, warmup=WARMUP, trace=False, trace_steps=0,
                                    parity=False, plan_target="tpu7x:2x2x1", plan_libtpu=libtpu),
                     timestamp=clock.isoformat(), wall_s=60.0, environment=env,
                     plan=_plan(arm, preset, ga, peak_add, libtpu)))

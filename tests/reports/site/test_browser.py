@@ -18,7 +18,7 @@ from tests.reports.site import synthetic
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-NIGHTS = 60
+NIGHTS = 45
 ARMS = ("engine", "engine-fused", "native")
 
 

@@ -22,12 +22,14 @@ from tests.reports.site import synthetic
 
 NIGHTS = 40
 ARMS = ("engine", "native", "peft-maxtext")
+STEPS = 8
+"""Steps a round: few, so that the nightly's own bootstrap of every run stays quick here."""
 
 
 @pytest.fixture(scope="module")
 def records():
     return synthetic.nightly_history(nights=NIGHTS, arms=ARMS, presets=("qwen3-8b",),
-                                     gas=(4,), seed=1)
+                                     gas=(4,), seed=1, steps=STEPS)
 
 
 @pytest.fixture(scope="module")
