@@ -202,8 +202,8 @@ def _panels(views: Sequence[RunView], panels, title: str, changes: Sequence[Chan
                              "name": f"{label} {'up' if increase else 'down'}",
                              "showlegend": False,
                              "marker": {"symbol": symbol, "size": 11, "color": colour}})
-        layout_axes[f"yaxis{'' if i == 1 else i}"] = {"title": {"text": label,
-                                                               "font": {"size": 11}}}
+        layout_axes[f"yaxis{'' if i == 1 else i}"] = {
+            "title": {"text": label, "font": {"size": 11}}, "tickformat": ".4~s"}
     layout = _layout(title, changes, height=max(260, 190 * len(shown)),
                      grid={"rows": max(len(shown), 1), "columns": 1, "pattern": "coupled",
                            "roworder": "top to bottom"}, showlegend=False, **layout_axes)

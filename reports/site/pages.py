@@ -104,7 +104,7 @@ HEADERS = (("cell", "text"), ("arm", "text"), ("preset", "text"), ("seq x batch"
            ("GA", "number"), ("dtype", "text"), ("mesh", "text"), ("backend", "text"),
            ("median ms/step [95% CI]", "number"), (f"last {SPARK_RUNS} runs", None),
            ("last verdict", "text"), ("last cost or plan change", "text"),
-           ("runs", "number"), ("latest run", "text"))
+           ("runs (+plans)", "number"), ("latest run", "text"))
 
 
 def index(histories: Sequence[CellHistory], *, source: str, generated: str) -> str:
@@ -133,7 +133,8 @@ def index(histories: Sequence[CellHistory], *, source: str, generated: str) -> s
             f"<td>{charts.sparkline(h.timed[-SPARK_RUNS:])}</td>"
             f"<td>{verdict_html(verdict_view)}{plan_note}</td>"
             f'<td class="why" data-sort="{_e(change_key)}">{_e(change)}</td>'
-            f'<td class="num">{len(h.timed) + len(h.plans)}</td>'
+            f'<td class="num" title="{len(h.timed)} timed runs, {len(h.plans)} plan runs">'
+            f"{len(h.timed)}{f' +{len(h.plans)}p' if h.plans else ''}</td>"
             f'<td data-sort="{_e(when.time if when else "")}">'
             f"{_e(charts.x_time(when.time)[:16] if when else '-')}"
             f"<br><code>{_e((when.commit or '?')[:10] if when else '')}</code></td></tr>")
