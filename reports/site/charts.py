@@ -32,17 +32,33 @@ ARM_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2",
                "#bcbd22", "#7f7f7f", "#d62728")
 VERSIONS_SHOWN = ("jax", "jaxlib", "libtpu", "maxtext", "flax", "google-tunix")
 COST_PANELS = (
-    ("compiled_flops_per_step", "compiled GFLOP/step", 1e9),
-    ("bytes_accessed_per_step", "bytes accessed GiB/step", 2**30),
-    ("planned_peak_bytes", "planned peak GiB", 2**30),
-    ("executions_per_step", "executions/step", 1),
+    ("compiled_flops_per_step", "compiled FLOP/step", "FLOP"),
+    ("bytes_accessed_per_step", "bytes accessed/step", "B"),
+    ("planned_peak_bytes", "planned peak (B)", "B"),
+    ("executions_per_step", "executions/step", ""),
 )
-"""(cost metric, panel title, divisor) of the cost chart (reports.costs.METRICS names)."""
+"""(cost metric, panel title, unit) of the cost chart (reports.costs.METRICS names). Values
+are drawn as recorded, ticks in SI prefixes (k, M, G, T: powers of 1000)."""
 PLAN_PANELS = (
-    ("plan_peak_bytes", "planned peak GiB/device", 2**30),
-    ("plan_hbm_bytes_per_step", "HBM GiB/step/device", 2**30),
-    ("plan_collective_bytes_per_step", "collective GiB/step/device", 2**30),
+    ("plan_peak_bytes", "planned peak/device (B)", "B"),
+    ("plan_hbm_bytes_per_step", "HBM bytes/step/device", "B"),
+    ("plan_collective_bytes_per_step", "collective bytes/step/device", "B"),
 )
+
+
+def amount(value: float | None, unit: str) -> str:
+    """A cost figure for a hover: bytes in binary units (MiB, GiB), FLOPs in SI (GFLOP),
+    counts as they are."""
+    if value is None:
+        return "-"
+    if unit == "B":
+        for size, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+            if value >= size:
+                return f"{value / size:.5g} {name} ({value:.0f} B)"
+        return f"{value:.0f} B"
+    if unit == "FLOP":
+        return f"{value / 1e9:.6g} GFLOP"
+    return f"{value:g}"
 
 
 def x_time(iso: str) -> str:
@@ -116,8 +132,8 @@ def change_marks(changes: Sequence[Change]) -> tuple[list[dict], list[dict]]:
 def _layout(title: str, changes: Sequence[Change], **extra) -> dict:
     shapes, notes = change_marks(changes)
     return {"title": {"text": title, "font": {"size": 14}}, "hovermode": "closest",
-            "margin": {"l": 70, "r": 20, "t": 60, "b": 40}, "shapes": shapes,
-            "annotations": notes, "legend": {"orientation": "h", "y": -0.15},
+            "margin": {"l": 70, "r": 20, "t": 60, "b": 60}, "shapes": shapes,
+            "annotations": notes, "legend": {"orientation": "h", "y": -0.25},
             "xaxis": {"type": "date", "title": {"text": "run time (UTC)"}}, **extra}
 
 
@@ -186,11 +202,11 @@ def _panels(views: Sequence[RunView], panels, title: str, changes: Sequence[Chan
     xs = [x_time(v.time) for v in views]
     for i, (metric, label, unit) in enumerate(shown, 1):
         axis = "y" if i == 1 else f"y{i}"
-        ys = [None if v.cost.get(metric) is None else v.cost[metric] / unit for v in views]
+        ys = [v.cost.get(metric) for v in views]
         data.append({"type": "scatter", "mode": "lines", "line": {"shape": "hv", "width": 2},
                      "name": label, "x": xs, "y": ys, "yaxis": axis,
-                     "hovertext": [f"{label}: {'-' if y is None else f'{y:.6g}'}<br>"
-                                   f"{short_hover(v)}" for v, y in zip(views, ys, strict=True)],
+                     "hovertext": [f"{label}: {amount(y, unit)}<br>{short_hover(v)}"
+                                   for v, y in zip(views, ys, strict=True)],
                      "hoverinfo": "text"})
         for increase, colour, symbol in ((True, COLOURS[REGRESSED], "triangle-up"),
                                          (False, COLOURS[IMPROVED], "triangle-down")):
@@ -202,12 +218,22 @@ def _panels(views: Sequence[RunView], panels, title: str, changes: Sequence[Chan
                              "name": f"{label} {'up' if increase else 'down'}",
                              "showlegend": False,
                              "marker": {"symbol": symbol, "size": 11, "color": colour}})
-        layout_axes[f"yaxis{'' if i == 1 else i}"] = {
-            "title": {"text": label, "font": {"size": 11}}, "tickformat": ".4~s"}
+        layout_axes[f"yaxis{'' if i == 1 else i}"] = _cost_axis(label, unit, ys)
     layout = _layout(title, changes, height=max(260, 190 * len(shown)),
                      grid={"rows": max(len(shown), 1), "columns": 1, "pattern": "coupled",
                            "roworder": "top to bottom"}, showlegend=False, **layout_axes)
     return {"data": data, "layout": layout}
+
+
+def _cost_axis(label: str, unit: str, ys: list) -> dict:
+    """A cost panel's y axis: from 0 to 15% above the largest value (a constant line stays
+    inside its panel), ticks in SI prefixes, whole ticks for counts."""
+    top = max((y for y in ys if y is not None), default=0) or 1
+    axis = {"title": {"text": label, "font": {"size": 11}}, "range": [0, top * 1.15],
+            "tickformat": ".4~s"}
+    if not unit:  # a count: whole ticks
+        axis.update(tickformat="d", dtick=max(1, round(top / 4)))
+    return axis
 
 
 def _changed(view: RunView, metric: str, increase: bool) -> bool:

@@ -234,7 +234,9 @@ def cell(history: CellHistory) -> str:
               f'<a href="../{shape_href(history.id.shape)}">arms of this shape</a></nav>'
             + f"<h1>{_e(history.id.name)}</h1>" + _summary(history)
             + "<h2>Median ms/step per run</h2>"
-            + '<p class="note">Band: the 95% CI of the run\'s median over its rounds. '
+            + '<p class="note">Median: the median of the run\'s round medians (the parity '
+              "report's; the nightly table's median pools every step). Band: its 95% CI "
+              "over the rounds. "
               "Triangles: the nightly's verdict against the last "
               f"{regression.BASELINE_RUNS} comparable runs (red up: regression, green down: "
               f"improvement; threshold {history.threshold:.0%}); open grey circles: not "

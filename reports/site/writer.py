@@ -14,6 +14,7 @@ import datetime
 import multiprocessing
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -105,6 +106,15 @@ def _cell(index: int) -> CellHistory:
     return slim(history)
 
 
+def _worker_signals() -> None:
+    """A worker leaves stops to its parent: it ignores Ctrl-C (sent to the whole process
+    group; the parent ends the pool) and dies quietly of SIGTERM and SIGHUP, whatever
+    handlers it inherited."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _cells(jobs: list, directory: Path, workers: int) -> list[CellHistory]:
     """`_cell` of every job, in `workers` processes forked from this one where there is more
     than one cell and this process runs no other Python thread; else here, one after the
@@ -122,8 +132,16 @@ def _cells(jobs: list, directory: Path, workers: int) -> list[CellHistory]:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", "This process .* is multi-threaded",
                                         DeprecationWarning)
-                with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
-                    return pool.map(_cell, range(len(jobs)), chunksize=1)
+                pool = multiprocessing.get_context("fork").Pool(
+                    min(workers, len(jobs)), initializer=_worker_signals)
+            try:
+                histories = pool.map(_cell, range(len(jobs)), chunksize=1)
+            except BaseException:
+                pool.terminate()  # a stop or a failure: the workers end now, unfinished
+                raise
+            pool.close()
+            pool.join()
+            return histories
         return [_cell(i) for i in range(len(jobs))]
     finally:
         _FORKED = None

@@ -168,7 +168,10 @@ def test_nightly_publish_marks_a_planted_slowdown_on_its_cells_page(tmp_path):
     figure = _page_figure(site)
     marked = next(t for t in figure["data"] if t["name"] == "regression")
     assert len(marked["x"]) == 1 and marked["x"][0] == third_time.replace("T", " ")[:19]
-    assert "slower" in marked["hovertext"][0]
+    # The site's verdict is the one nightly printed: the same ratio and CI.
+    ratio_ci = row.split("|")[6].strip()  # e.g. '2.736 [1.819, 4.796]'
+    assert f"slower: {ratio_ci.replace(' [', 'x [')}" in marked["hovertext"][0], (
+        ratio_ci, marked["hovertext"][0])
     index = (site / "index.html").read_text()
     assert 'data-verdict="regression"' in index
     cid = CellId(arm="native", preset="tiny", seq=128, batch=8, ga=1, dtype="float32",

@@ -105,12 +105,12 @@ def test_the_cell_page_draws_each_run_and_marks_the_planted_regression(records, 
     assert all(s["yref"] == "paper" and s["line"]["dash"] == "dot" for s in shapes)
     # Cost panels: bytes accessed steps up at the regression and back down at the fix.
     cost = figures["cost"]["data"]
-    up = next(t for t in cost if t["name"] == "bytes accessed GiB/step up")
+    up = next(t for t in cost if t["name"] == "bytes accessed/step up")
     assert len(up["x"]) == 1 and up["x"][0].startswith(night)
-    assert any(t["name"] == "bytes accessed GiB/step down" for t in cost)
+    assert any(t["name"] == "bytes accessed/step down" for t in cost)
     plan = [t["name"] for t in figures["plan"]["data"]]
-    assert {"planned peak GiB/device", "HBM GiB/step/device",
-            "collective GiB/step/device"} <= set(plan)
+    assert {"planned peak/device (B)", "HBM bytes/step/device",
+            "collective bytes/step/device"} <= set(plan)
     boxes = figures["distribution"]["data"]
     assert [len(b["y"]) for b in boxes] == [synthetic.STEPS] * synthetic.ROUNDS
 
