@@ -30,7 +30,8 @@ code. The rule:
   is "too few samples", never significant. Otherwise "no detectable difference";
 - MDE (minimum detectable effect): the CI's half-width relative to the ratio.
 
-`median_ci` gives one cell's median over runs with a run-level CI (scipy.stats.bootstrap),
+`median_ci` gives one cell's median over runs with a run-level CI (scipy.stats.bootstrap's
+percentile method, written out; `median_cis` does many cells at once),
 and `warnings` flags pyperf-style instability: a run whose steps scatter (CV above
 `MAX_CV`) or runs whose medians disagree by more than `MAX_RUN_SPREAD`.
 """

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import json
 from collections.abc import Sequence
+from pathlib import Path
 
 from reports import costs, regression
 from reports.site import assets, charts
@@ -191,10 +192,12 @@ def _traces(history: CellHistory) -> str:
                 "--trace</code> captures one window per cell).</p>")
     items = []
     for record in traced:
-        commands = viewer_commands(record.trace.logdir)
+        logdir = record.trace.logdir
+        commands = viewer_commands(logdir)
+        where = (f'<a href="{_e(Path(logdir).as_uri())}">{_e(logdir)}</a>'
+                 if Path(logdir).is_absolute() else f"<code>{_e(logdir)}</code>")
         items.append(
-            f'<li>run <code>{_e(record.run_id)}</code> round {record.round}: '
-            f'<a href="file://{_e(record.trace.logdir)}">{_e(record.trace.logdir)}</a>'
+            f'<li>run <code>{_e(record.run_id)}</code> round {record.round}: {where}'
             f"<br><code>{_e(commands['xprof'])}</code><br>"
             f"<code>{_e(commands['tensorboard'])}</code></li>")
     return f"<ul>{''.join(items)}</ul>"

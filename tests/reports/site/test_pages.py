@@ -113,6 +113,11 @@ def test_the_cell_page_draws_each_run_and_marks_the_planted_regression(records, 
             "collective bytes/step/device"} <= set(plan)
     boxes = figures["distribution"]["data"]
     assert [len(b["y"]) for b in boxes] == [synthetic.STEPS] * synthetic.ROUNDS
+    # The latest traces: the capture's directory as a file:// link and both viewers' commands.
+    traced = next(r for r in records if history.cell_id(r) == cid and r.trace)
+    text = (out / "cells" / f"{cid.slug}.html").read_text()
+    assert f'href="file://{traced.trace.logdir}"' in text
+    assert f"xprof --logdir {traced.trace.logdir} --port 8791" in text
 
 
 def test_the_index_has_one_filterable_row_per_cell_with_its_latest_median(records, site):
