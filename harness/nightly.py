@@ -103,14 +103,15 @@ def suite_thresholds(records: Sequence[Record]) -> dict[str, float]:
 
 
 def publish(history: Sequence[Record], history_dir: Path, out: Path, *,
-            threshold: float | None = None, workers: int | None = None) -> site.Published:
+            threshold: float | None = None, workers: int | None = None,
+            flag: str = "-o") -> site.Published:
     """Writes the history's site to `out` (reports.site.publish): every run judged at
     `threshold`, or, where None, at its suite's threshold (else the nightly's 5%), in
     `workers` processes (default: one per CPU)."""
     return site.publish(history, out, source=str(history_dir),
                         threshold=threshold or site.DEFAULT_THRESHOLD,
                         thresholds=None if threshold else suite_thresholds(history),
-                        workers=workers)
+                        workers=workers, flag=flag)
 
 
 def published_text(done: site.Published) -> str:
@@ -140,7 +141,8 @@ def evaluate(new: list[Record], history_dir: Path, *, threshold: float,
         try:
             # In this process, which imported JAX for the grid: judged here, not in forks.
             text += "\n" + published_text(publish(history, history_dir, publish_to,
-                                                  threshold=threshold, workers=1)) + "\n"
+                                                  threshold=threshold, workers=1,
+                                                  flag="--publish")) + "\n"
         except (ValueError, OSError) as err:
             text += f"\nparity: error: the site was not published ({err})\n"
             code = EXIT_BROKEN

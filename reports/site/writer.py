@@ -171,12 +171,13 @@ def render(jobs: list, directory: Path, *, source: str, workers: int) -> tuple[i
 def publish(records: Sequence[Record], site: Path, *, source: str = "",
             threshold: float = DEFAULT_THRESHOLD,
             thresholds: Mapping[str, float] | None = None,
-            workers: int | None = None) -> Published:
+            workers: int | None = None, flag: str = "-o") -> Published:
     """Judges every run of `records` and writes the site to `site`, whole or not at all;
-    `workers` processes judge the cells (default: one per CPU this process may use)."""
+    `workers` processes judge the cells (default: one per CPU this process may use). `flag`
+    names `site` in errors (the option the user gave it with)."""
     start = time.perf_counter()
     site = Path(site)
-    check_output(site)
+    check_output(site, flag)
     if not records:
         raise ValueError("no records to publish")
     jobs = _jobs(records, threshold, thresholds)

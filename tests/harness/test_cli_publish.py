@@ -122,6 +122,29 @@ def test_an_old_site_survives_bad_input_and_a_stop_and_is_replaced_whole(history
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt", "site"]
 
 
+def test_a_site_that_cannot_be_written_after_the_run_makes_it_broken_not_silent(history,
+                                                                             tmp_path):
+    """nightly checks --publish before the grid; should the site still fail after it (e.g.
+    a file put there meanwhile), the summary is kept and the run exits 2, saying why."""
+    from harness import nightly
+
+    records = results.read_dir(history)
+    last = max(r.run_id for r in records if not (r.run and r.run.plan_target))
+    blocked = tmp_path / "site"
+    blocked.write_text("")
+    code, text = nightly.evaluate([r for r in records if r.run_id == last], history,
+                                  threshold=0.05, report_dir=tmp_path / "report",
+                                  publish_to=blocked)
+    assert code == nightly.EXIT_BROKEN
+    assert text.startswith("# Nightly parity")
+    assert text.endswith(f"parity: error: the site was not published (--publish {blocked} is "
+                         "a file; give a directory for the site)\n")
+    code, text = nightly.evaluate([r for r in records if r.run_id == last], history,
+                                  threshold=0.05, report_dir=tmp_path / "report",
+                                  publish_to=tmp_path / "good")
+    assert code == nightly.EXIT_OK and f"site: {tmp_path / 'good'}/index.html" in text
+
+
 def test_nightly_refuses_a_publish_path_that_is_a_file_before_running(tmp_path):
     afile = tmp_path / "site"
     afile.write_text("")
