@@ -314,6 +314,8 @@ def _changes(timed: list[RunView], plans: list[RunView]) -> list[Change]:
     previous = None
     for view in merged:
         env = view.environment
+        if env is None:  # a run that died before recording one: nothing to compare
+            continue
         if previous is not None:
             diff = _env_diff(previous, env)
             if diff:
