@@ -226,10 +226,10 @@ def _panels(views: Sequence[RunView], panels, title: str, changes: Sequence[Chan
 
 
 def _cost_axis(label: str, unit: str, ys: list) -> dict:
-    """A cost panel's y axis: from 0 to 15% above the largest value (a constant line stays
+    """A cost panel's y axis: from 0 to 30% above the largest value (a constant line stays
     inside its panel), ticks in SI prefixes, whole ticks for counts."""
     top = max((y for y in ys if y is not None), default=0) or 1
-    axis = {"title": {"text": label, "font": {"size": 11}}, "range": [0, top * 1.15],
+    axis = {"title": {"text": label, "font": {"size": 11}}, "range": [0, top * 1.3],
             "tickformat": ".4~s"}
     if not unit:  # a count: whole ticks
         axis.update(tickformat="d", dtick=max(1, round(top / 4)))
