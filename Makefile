@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: parity test test-slow lint clean
+.PHONY: parity test test-slow lint clean browser
 
 # libtpu (the TPU compiler: XLA's TPU7x plans without a chip) goes outside the import path,
 # into $(VENV)/libtpu: importable, it makes JAX look for TPU chips in every process.
@@ -42,9 +42,20 @@ parity: $(STAMP)
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/ruff check .
 	$(PYTEST) -m "not slow" --durations=15
+
+# The site test (tests/reports/site/test_browser.py) opens `parity publish`'s pages in
+# headless Chromium: Debian's package, driven by playwright (never `playwright install`: no
+# browser download). Installed here when missing and this is root with apt-get; otherwise
+# that test skips, saying how to install it.
+CHROMIUM := /usr/bin/chromium
+browser:
+	@test -x $(CHROMIUM) || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
+	  || echo "make: chromium not installed (apt-get install chromium); the browser test \
+	will skip"
 
 # The tests marked slow (multi-process runs, nightly and A/B from git refs, and the
 # in-process parity runs that compile every arm at GA 4 or over 8 devices): CI runs them

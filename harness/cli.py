@@ -329,6 +329,9 @@ class Nightly(Command):
                                  "and compare the plans with the history's, exactly")
         parser.add_argument("--target", help="TPU topology of --plan (default: the suite's, "
                                              "else tpu7x:2x2x1)")
+        parser.add_argument("--publish", type=Path, metavar="SITE",
+                            help="then republish the history's static site to SITE (as "
+                                 "`parity publish HISTORY -o SITE`)")
 
     ROUNDS = 4
     """Default rounds a night: 4 new runs against 4+ history runs is the smallest unpaired
@@ -337,8 +340,11 @@ class Nightly(Command):
     @classmethod
     def run(cls, args):
         from harness import nightly, results
+        from reports import site
 
         results.check_writable(args.history, "--history")  # the runs are written there
+        if args.publish is not None:
+            site.check_output(args.publish, "--publish")
         if args.history.is_dir() and any(args.history.glob("*.jsonl")):
             results.read_dir(args.history)  # a corrupt history fails now, not after the grid
         report_dir = args.report or args.history / "nightly"
@@ -361,7 +367,7 @@ class Nightly(Command):
                          target=described)
             records = [*records, *plans.run()[1]]
         code, text = nightly.evaluate(records, args.history, threshold=threshold,
-                                      report_dir=report_dir)
+                                      report_dir=report_dir, publish_to=args.publish)
         print(text)
         return code
 
@@ -533,6 +539,48 @@ class Report(Command):
         return 0
 
 
+class Publish(Command):
+    name = "publish"
+    help = "write the nightly history as a static site: index, a page per cell and shape"
+    description = ("Reads every record under HISTORY and writes a static site to SITE "
+                   "(opens from file://, no network): index.html, one row per cell with its "
+                   "latest median and CI, a sparkline, the last verdict and cost change; a "
+                   "page per cell (median per run with its CI band, regressions, cost and "
+                   "plan step lines, environment changes, the latest run's step times, "
+                   "traces); a page per shape with its arms side by side. Verdicts are the "
+                   "nightly's. Exit 0, or 2 on bad input (nothing written).")
+
+    @classmethod
+    def setup(cls, parser):
+        parser.add_argument("history", type=Path, help="history directory or .jsonl file")
+        parser.add_argument("-o", "--output", type=Path, required=True, metavar="SITE",
+                            help="site directory (replaced whole; a new, empty or earlier "
+                                 "site directory)")
+        parser.add_argument("--threshold", type=float,
+                            help="relative slowdown a regression needs (default: each "
+                                 "suite's regression_threshold, else 0.05, as nightly)")
+
+    @classmethod
+    def run(cls, args):
+        from harness import nightly, results
+        from harness.reaper import Terminated, terminate_on_signals
+        from reports import site
+
+        if args.threshold is not None:
+            _check_fraction(args.threshold)
+        site.check_output(args.output)
+        history = results.read_dir(args.history)
+        try:  # staged, then renamed into place (reports.site.writer): a stop writes nothing
+            with terminate_on_signals():
+                done = nightly.publish(history, args.history, args.output,
+                                       threshold=args.threshold)
+        except Terminated as stop:
+            print(f"\nparity: stopped by {stop}; the site was not written", file=sys.stderr)
+            raise Stopped(stop.exit_code) from None
+        print(nightly.published_text(done))
+        return 0
+
+
 class Trace(Command):
     name = "trace"
     help = "summarize a profiler capture: per device busy time, executions, top ops, steps"
@@ -573,7 +621,7 @@ class Trace(Command):
 
 
 COMMANDS: tuple[type[Command], ...] = (Selftest, Env, Run, PlanCommand, Launch, Nightly, AB,
-                                        Compare, Report, Trace)
+                                        Compare, Report, Publish, Trace)
 
 
 class Parser(argparse.ArgumentParser):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import platform
@@ -10,6 +11,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "google-tunix", "maxtext")
+WHERE_INSTALLED = ("libtpu",)
+"""Recorded only where installed: libtpu (a TPU host's `jax[tpu]`) is the XLA:TPU compiler
+and runtime, so a libtpu upgrade changes the programs a TPU runs and records across it are
+not compared. Left out where absent, so records of CPU and GPU hosts keep the versions they
+always had (the libtpu `parity plan` loads by path is not an installed package here)."""
 
 
 def _git(*args: str) -> str | None:
@@ -34,6 +40,9 @@ def versions() -> dict[str, str | None]:
             found[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             found[name] = None
+    for name in WHERE_INSTALLED:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            found[name] = importlib.metadata.version(name)
     return found
 
 

@@ -1,13 +1,20 @@
-"""`parity nightly`: run a suite, append to the history, flag regressions, exit 0/1/2."""
+"""`parity nightly`: run a suite, append to the history, flag regressions, exit 0/1/2; and
+`parity publish`: the history as a static site (reports.site)."""
 
 from __future__ import annotations
 
+import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 
 from harness import regression, results
+from reports import site
 from reports.record import Record
 
 EXIT_OK, EXIT_REGRESSION, EXIT_BROKEN = 0, 1, 2
+SUITES = Path(__file__).parent / "suites"
+"""The named suites (harness.grid.SUITES_DIR; read here without importing the grid, which
+imports JAX)."""
 
 
 def summary_markdown(rows: list[regression.NightlyRow], threshold: float) -> str:
@@ -81,9 +88,43 @@ def history_plot(row: regression.NightlyRow, path: Path) -> Path:
     return path
 
 
+def suite_thresholds(records: Sequence[Record]) -> dict[str, float]:
+    """Each named suite's `regression_threshold` (the nightly's default for its cells), for
+    the suites the records name that are shipped and set one."""
+    found = {}
+    for name in sorted({r.suite for r in records if r.suite}):
+        path = SUITES / f"{name}.toml"
+        if path.is_file():
+            with path.open("rb") as f:
+                threshold = tomllib.load(f).get("regression_threshold")
+            if threshold is not None:
+                found[name] = float(threshold)
+    return found
+
+
+def publish(history: Sequence[Record], history_dir: Path, out: Path, *,
+            threshold: float | None = None, workers: int | None = None,
+            flag: str = "-o") -> site.Published:
+    """Writes the history's site to `out` (reports.site.publish): every run judged at
+    `threshold`, or, where None, at its suite's threshold (else the nightly's 5%), in
+    `workers` processes (default: one per CPU)."""
+    return site.publish(history, out, source=str(history_dir),
+                        threshold=threshold or site.DEFAULT_THRESHOLD,
+                        thresholds=None if threshold else suite_thresholds(history),
+                        workers=workers, flag=flag)
+
+
+def published_text(done: site.Published) -> str:
+    return (f"site: {done.site}/index.html ({done.cells} cells, {done.runs} runs, "
+            f"{done.shapes} shapes; index {done.index_bytes / 1e6:.2f} MB; "
+            f"{done.seconds:.1f} s)")
+
+
 def evaluate(new: list[Record], history_dir: Path, *, threshold: float,
-             report_dir: Path) -> tuple[int, str]:
-    """Compares `new` (already appended to the history) with the rest of the history."""
+             report_dir: Path, publish_to: Path | None = None) -> tuple[int, str]:
+    """Compares `new` (already appended to the history) with the rest of the history; with
+    `publish_to`, then republishes the history's site there (a site that cannot be written
+    makes the run broken, exit 2, after the summary)."""
     history = results.read_dir(history_dir)
     rows = regression.against_history(new, history, threshold=threshold)
     text = summary_markdown(rows, threshold)
@@ -93,6 +134,16 @@ def evaluate(new: list[Record], history_dir: Path, *, threshold: float,
         png = history_plot(row, report_dir / f"regression_{i}.png")
         text += f"\n![{row.cell.name}]({png.name})\n"
     (report_dir / "nightly.md").write_text(text)
+    code = EXIT_REGRESSION if regressed else EXIT_OK
     if not new or any(not r.ok for r in new):
-        return EXIT_BROKEN, text
-    return (EXIT_REGRESSION if regressed else EXIT_OK), text
+        code = EXIT_BROKEN
+    if publish_to is not None:
+        try:
+            # In this process, which imported JAX for the grid: judged here, not in forks.
+            text += "\n" + published_text(publish(history, history_dir, publish_to,
+                                                  threshold=threshold, workers=1,
+                                                  flag="--publish")) + "\n"
+        except (ValueError, OSError) as err:
+            text += f"\nparity: error: the site was not published ({err})\n"
+            code = EXIT_BROKEN
+    return code, text

@@ -92,7 +92,9 @@ class CellComparison:
 
 
 def compare_cells(old: Cell, new: Cell, *, paired: bool = False,
-                  min_effect: float = stats.MIN_EFFECT) -> CellComparison:
+                  min_effect: float = stats.MIN_EFFECT, full_ci: bool = True) -> CellComparison:
+    """`new` against `old`. `full_ci=False`: the timing's CI is computed only where the
+    verdict depends on it (`stats.compare`'s `min_effect`); the verdict is the same."""
     warnings = [f"{side}: {w}" for side, cell in (("old", old), ("new", new))
                 for w in ([*(stats.warnings(cell.runs) if cell.runs else []),
                            *stats.machine_warnings(
@@ -119,7 +121,8 @@ def compare_cells(old: Cell, new: Cell, *, paired: bool = False,
         # Lockstep A/B: slice i of both sides' run r ran next to each other.
         timing = stats.compare_slices(*sliced)
     else:
-        timing = stats.compare(old.runs, new.runs, paired=pair, busy=busy)
+        timing = stats.compare(old.runs, new.runs, paired=pair, busy=busy,
+                               min_effect=None if full_ci else min_effect)
     return CellComparison(name=new.name, old=old, new=new, timing=timing,
                           verdict=stats.verdict(timing, min_effect),
                           cost_changes=costs.changes(old.ok, new.ok),

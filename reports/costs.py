@@ -43,19 +43,22 @@ def values(record: Record) -> dict[str, float | None]:
     return {name: read(record) for name, (_, read) in METRICS.items()}
 
 
-def _seen(records: Sequence[Record], name: str) -> set[float]:
-    return {v for r in records if r.ok and (v := METRICS[name][1](r)) is not None}
+def _seen_all(records: Sequence[Record]) -> dict[str, set[float]]:
+    """Every metric's distinct values over the ok records (each record read once)."""
+    rows = [values(r) for r in records if r.ok]
+    return {name: {row[name] for row in rows if row[name] is not None} for name in METRICS}
 
 
-def _one_value(records: Sequence[Record], name: str) -> float | None:
-    """The metric of a side's records (the largest, should its runs disagree)."""
-    return max(_seen(records, name), default=None)
+def side_values(records: Sequence[Record]) -> dict[str, float | None]:
+    """Every cost metric of one side's records, as `changes` compares them (the largest
+    where its runs disagree; None where no record has it)."""
+    return {name: max(seen, default=None) for name, seen in _seen_all(records).items()}
 
 
 def nondeterministic(records: Sequence[Record]) -> list[str]:
     """Warnings for metrics whose runs of one cell disagree (then they are not noise-free)."""
     return [f"{name} differs between runs of this cell: {sorted(seen)}"
-            for name in METRICS if len(seen := _seen(records, name)) > 1]
+            for name, seen in _seen_all(records).items() if len(seen) > 1]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -102,12 +105,9 @@ def changes(old: Sequence[Record], new: Sequence[Record]) -> list[CostChange]:
     A metric missing on one side only (e.g. an older record without it) is a change too, so
     a cost metric can never disappear unnoticed; missing on both sides is not.
     """
-    found = []
-    for name in METRICS:
-        before, after = _one_value(old, name), _one_value(new, name)
-        if before != after:
-            found.append(CostChange(metric=name, old=before, new=after))
-    return found
+    before, after = side_values(old), side_values(new)
+    return [CostChange(metric=name, old=before[name], new=after[name]) for name in METRICS
+            if before[name] != after[name]]
 
 
 def increases(found: Sequence[CostChange], threshold: float = 0.0) -> list[CostChange]:

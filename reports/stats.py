@@ -30,7 +30,8 @@ code. The rule:
   is "too few samples", never significant. Otherwise "no detectable difference";
 - MDE (minimum detectable effect): the CI's half-width relative to the ratio.
 
-`median_ci` gives one cell's median over runs with a run-level CI (scipy.stats.bootstrap),
+`median_ci` gives one cell's median over runs with a run-level CI (scipy.stats.bootstrap's
+percentile method, written out; `median_cis` does many cells at once),
 and `warnings` flags pyperf-style instability: a run whose steps scatter (CV above
 `MAX_CV`) or runs whose medians disagree by more than `MAX_RUN_SPREAD`.
 """
@@ -38,7 +39,9 @@ and `warnings` flags pyperf-style instability: a run whose steps scatter (CV abo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import statistics
 from collections.abc import Sequence
 
 import numpy as np
@@ -87,10 +90,11 @@ class Comparison:
 
     ratio: float
     """Ratio of pooled medians new/old: above 1 the new side is slower."""
-    low: float
-    """Lower end of the CI."""
-    high: float
-    """Upper end of the CI."""
+    low: float | None
+    """Lower end of the CI; None where it was not computed because no CI could change the
+    verdict (`compare(..., min_effect=...)`: a ratio within the minimum effect)."""
+    high: float | None
+    """Upper end of the CI (None as `low`)."""
     runs_old: int
     runs_new: int
     min_steps: int
@@ -102,10 +106,12 @@ class Comparison:
     level, for these run counts (`spread_bound`); it widens the CI where runs are too few."""
 
     @property
-    def mde(self) -> float:
+    def mde(self) -> float | None:
         """Half the width of the interval a verdict must clear, relative to the ratio:
         smaller differences are invisible. That interval is the CI, widened by the
-        process-spread bound where runs are too few (see `verdict`)."""
+        process-spread bound where runs are too few (see `verdict`); None without a CI."""
+        if self.low is None or self.high is None:
+            return None
         widen = 1.0 if self.enough else self.spread_bound
         return (self.high * widen - self.low / widen) / 2 / self.ratio
 
@@ -141,19 +147,32 @@ def _resampled_medians(runs: list[np.ndarray], picks: np.ndarray,
 
 
 def compare(old: Runs, new: Runs, *, paired: bool = False, seed: int = SEED,
-            resamples: int = RESAMPLES, busy: bool = False) -> Comparison:
+            resamples: int = RESAMPLES, busy: bool = False,
+            min_effect: float | None = None) -> Comparison:
     """median(new)/median(old) with a two-level (runs, then steps) bootstrap CI.
 
     `paired`: run i of `old` ran next to run i of `new` (interleaved rounds); needs the same
     number of runs on both sides and resamples them together. Too few pairs to ever reach the
     confidence (`luck_bound`) are resampled as independent runs instead, which may. `busy`:
     a run shared the machine with other processes (its process-spread bound is wider).
+
+    `min_effect`: the caller wants only the verdict at this minimum effect, so the bootstrap
+    is skipped (`low`/`high` None) where the ratio alone decides it: a ratio less than
+    `min_effect` away from 1.00, or a run shorter than `MIN_STEPS`, gets no "slower" or
+    "faster" whatever its CI (`verdict`). The verdict is the same as with the CI.
     """
     old_runs, new_runs = _runs(old, "old"), _runs(new, "new")
     if paired and len(old_runs) != len(new_runs):
         raise ValueError(f"paired comparison needs equal runs, got {len(old_runs)} and "
                          f"{len(new_runs)}")
     paired = paired and (luck_bound(len(old_runs), len(new_runs), True) <= 1 - CONFIDENCE)
+    ratio = float(np.median(np.concatenate(new_runs)) / np.median(np.concatenate(old_runs)))
+    min_steps = min(len(r) for r in [*old_runs, *new_runs])
+    if min_effect is not None and (min_steps < MIN_STEPS or 1 - min_effect < ratio
+                                   < 1 + min_effect):
+        return Comparison(ratio=ratio, low=None, high=None, runs_old=len(old_runs),
+                          runs_new=len(new_runs), min_steps=min_steps, paired=paired,
+                          spread_bound=spread_bound(old_runs, new_runs, busy=busy))
     rng = np.random.default_rng(seed)
     picks_old = rng.integers(0, len(old_runs), (resamples, len(old_runs)))
     picks_new = (picks_old if paired
@@ -161,11 +180,10 @@ def compare(old: Runs, new: Runs, *, paired: bool = False, seed: int = SEED,
     ratios = (_resampled_medians(new_runs, picks_new, rng)
               / _resampled_medians(old_runs, picks_old, rng))
     tail = expanded_tail(min(len(old_runs), len(new_runs))) * 100
-    ratio = float(np.median(np.concatenate(new_runs)) / np.median(np.concatenate(old_runs)))
     return Comparison(ratio=ratio, low=float(np.percentile(ratios, tail)),
                       high=float(np.percentile(ratios, 100 - tail)),
                       runs_old=len(old_runs), runs_new=len(new_runs),
-                      min_steps=min(len(r) for r in [*old_runs, *new_runs]), paired=paired,
+                      min_steps=min_steps, paired=paired,
                       spread_bound=spread_bound(old_runs, new_runs, busy=busy))
 
 
@@ -213,15 +231,21 @@ def spread_bound(old: Sequence[np.ndarray], new: Sequence[np.ndarray],
     `PROCESS_LOG_SD` (`BUSY_PROCESS_LOG_SD` where a run shared the machine: `busy`), or the
     SD of the runs' log medians around their side's mean where that is larger (a noisier
     machine than the one measured)."""
-    from scipy import stats as scipy_stats
-
-    logs = [np.log([np.median(r) for r in side]) for side in (old, new)]
+    logs = [np.log([run_median(r) for r in side]) for side in (old, new)]
     deviations = np.concatenate([side - side.mean() for side in logs])
     dof = len(deviations) - 2
     observed = float(np.sqrt((deviations**2).sum() / dof)) if dof > 0 else 0.0
     sd = max(BUSY_PROCESS_LOG_SD if busy else PROCESS_LOG_SD, observed)
-    z = scipy_stats.norm.ppf(1 - (1 - confidence) / 2)
-    return float(np.exp(z * sd * np.sqrt(1 / len(old) + 1 / len(new))))
+    return float(np.exp(_normal_quantile(confidence) * sd * np.sqrt(1 / len(old)
+                                                                    + 1 / len(new))))
+
+
+@functools.cache
+def _normal_quantile(confidence: float) -> float:
+    """z of a two-sided interval at `confidence` (1.96 at 95%)."""
+    from scipy import stats as scipy_stats
+
+    return float(scipy_stats.norm.ppf(1 - (1 - confidence) / 2))
 
 
 def luck_bound(runs_old: int, runs_new: int, paired: bool) -> float:
@@ -234,6 +258,7 @@ def luck_bound(runs_old: int, runs_new: int, paired: bool) -> float:
     return 2.0 / math.comb(runs_old + runs_new, runs_old)
 
 
+@functools.cache
 def expanded_tail(n: int, confidence: float = CONFIDENCE) -> float:
     """One tail's probability of the expanded percentile interval for n runs: Phi(-z'),
     z' = sqrt(n/(n-1)) * t_{(1+confidence)/2, n-1}; the plain (1-confidence)/2 for n < 2
@@ -254,6 +279,11 @@ def verdict(c: Comparison, min_effect: float = MIN_EFFECT) -> str:
     CI clears the process-spread bound too (`Comparison.spread_bound`), else too few."""
     if c.min_steps < MIN_STEPS:
         return TOO_FEW
+    if c.low is None or c.high is None:  # skipped: the ratio is within the minimum effect
+        if not 1 - min_effect < c.ratio < 1 + min_effect:
+            raise ValueError(f"ratio {c.ratio:.3f} is {min_effect:.0%}+ away from 1.00: its "
+                             "verdict needs the CI, which was not computed")
+        return SAME if c.enough else TOO_FEW
     low, high = c.low, c.high
     if not c.enough:
         low, high = low / c.spread_bound, high * c.spread_bound
@@ -282,19 +312,53 @@ class MedianCI:
 
 def median_ci(runs: Runs, seed: int = SEED) -> MedianCI:
     """Median of the per-run medians with a percentile bootstrap CI over runs."""
-    from scipy import stats as scipy_stats
+    return median_cis([runs], seed)[0]
 
-    medians = np.array([np.median(r) for r in _runs(runs, "measured")])
-    center = float(np.median(medians))
-    if len(medians) < MIN_RUNS or np.ptp(medians) == 0:
-        return MedianCI(median=center, low=None if len(medians) < MIN_RUNS else center,
-                        high=None if len(medians) < MIN_RUNS else center, runs=len(medians))
-    result = scipy_stats.bootstrap((medians,), np.median, confidence_level=CONFIDENCE,
-                                   n_resamples=RESAMPLES, method="percentile",
-                                   random_state=np.random.default_rng(seed))
-    interval = result.confidence_interval
-    return MedianCI(median=center, low=float(interval.low), high=float(interval.high),
-                    runs=len(medians))
+
+MEDIAN_CI_BATCH = 64
+"""Cells bootstrapped in one array by `median_cis` (bounds its memory: 64 x RESAMPLES x
+runs floats)."""
+
+
+def median_cis(samples: Sequence[Runs], seed: int = SEED) -> list[MedianCI]:
+    """`median_ci` of each of many cells at once (a year of nightly runs in seconds).
+
+    The bootstrap is scipy.stats.bootstrap's percentile method written out: RESAMPLES draws
+    of n run indices from `seed`'s generator (the same draws for every cell of n runs, as
+    scipy would draw them), each draw's median of the run medians, the percentiles of
+    those. The same numbers as scipy's, bit for bit (tested); below MIN_RUNS runs no CI."""
+    found: list[MedianCI | None] = [None] * len(samples)
+    by_runs: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for i, runs in enumerate(samples):
+        medians = np.array([run_median(r) for r in _runs(runs, "measured")])
+        center, n = float(np.median(medians)), len(medians)
+        if n < MIN_RUNS or np.ptp(medians) == 0:
+            bound = None if n < MIN_RUNS else center
+            found[i] = MedianCI(median=center, low=bound, high=bound, runs=n)
+        else:
+            by_runs.setdefault(n, []).append((i, medians))
+    tail = (1 - CONFIDENCE) / 2 * 100
+    for n, cells in by_runs.items():
+        picks = np.random.default_rng(seed).integers(0, n, (RESAMPLES, n))
+        for start in range(0, len(cells), MEDIAN_CI_BATCH):
+            batch = cells[start:start + MEDIAN_CI_BATCH]
+            drawn = np.sort(np.stack([m for _, m in batch])[:, picks], axis=2)
+            # Each draw's median as np.median takes it: the middle value, or the mean of the
+            # two middle values.
+            centers = (drawn[..., n // 2] if n % 2
+                       else (drawn[..., n // 2 - 1] + drawn[..., n // 2]) / 2)
+            low, high = np.percentile(centers, [tail, 100 - tail], axis=1)
+            for k, (i, medians) in enumerate(batch):
+                found[i] = MedianCI(median=float(np.median(medians)), low=float(low[k]),
+                                    high=float(high[k]), runs=n)
+    return found
+
+
+def run_median(run: np.ndarray | Sequence[float]) -> float:
+    """The median of one run's steps, the value np.median gives (the middle value, or the
+    mean of the two middle values), without its overhead: a few dozen samples sort faster
+    in Python than numpy sets up a partition."""
+    return float(statistics.median(run.tolist() if isinstance(run, np.ndarray) else run))
 
 
 def cv(samples: Sequence[float]) -> float:
@@ -305,14 +369,25 @@ def cv(samples: Sequence[float]) -> float:
     return float(array.std(ddof=1) / array.mean())
 
 
+def _worst_cv(arrays: list[np.ndarray]) -> float:
+    """max(cv(r) for r in arrays); runs of equal length at once, as one array (row by row
+    the same sums as one run alone: the same value)."""
+    if len(arrays) > 1 and len({len(r) for r in arrays}) == 1 and len(arrays[0]) > 1:
+        steps = np.stack(arrays)
+        means = steps.mean(axis=1)
+        if means.all():
+            return float((steps.std(axis=1, ddof=1) / means).max())
+    return max(cv(r) for r in arrays)
+
+
 def warnings(runs: Runs) -> list[str]:
     """Instability warnings for one cell's runs (empty when stable)."""
     found = []
     arrays = _runs(runs, "measured")
-    worst = max(cv(r) for r in arrays)
+    worst = _worst_cv(arrays)
     if worst > MAX_CV:
         found.append(f"unstable steps: CV {worst:.0%} > {MAX_CV:.0%} in a run")
-    medians = np.array([np.median(r) for r in arrays])
+    medians = np.array([run_median(r) for r in arrays])
     if len(medians) > 1:
         spread = float(np.ptp(medians) / np.median(medians))
         if spread > MAX_RUN_SPREAD:

@@ -240,3 +240,23 @@ def test_a_run_that_shared_the_machine_widens_the_bound():
     assert busy.spread_bound == pytest.approx(np.exp(1.959964 * 0.5 * 2**0.5), rel=1e-6)
     assert stats.verdict(busy) == stats.TOO_FEW
     assert stats.busy([0.01, None, 0.3]) and not stats.busy([0.01, None])
+
+
+def test_median_ci_is_scipys_percentile_bootstrap_to_the_bit():
+    """median_ci writes out scipy.stats.bootstrap's percentile method (for speed): the same
+    draws and the same interval, for odd and even run counts and runs of unequal length."""
+    from scipy import stats as scipy_stats
+
+    rng = np.random.default_rng(11)
+    for runs in (3, 4, 5, 8, 13):
+        sample = [rng.normal(100, 5, rng.integers(5, 40)) for _ in range(runs)]
+        ours = stats.median_ci(sample)
+        medians = np.array([np.median(r) for r in sample])
+        theirs = scipy_stats.bootstrap(
+            (medians,), np.median, confidence_level=stats.CONFIDENCE,
+            n_resamples=stats.RESAMPLES, method="percentile",
+            random_state=np.random.default_rng(stats.SEED)).confidence_interval
+        assert (ours.low, ours.high) == (theirs.low, theirs.high)
+        assert ours.median == np.median(medians)
+    assert all(stats.run_median(r) == np.median(r) for r in
+               [rng.normal(0, 1, rng.integers(1, 60)) for _ in range(500)])
