@@ -31,7 +31,7 @@ code. The rule:
 - MDE (minimum detectable effect): the CI's half-width relative to the ratio.
 
 `median_ci` gives one cell's median over runs with a run-level CI (scipy.stats.bootstrap's
-percentile method, written out; `median_cis` does many cells at once),
+percentile method; `median_cis` does many cells at once),
 and `warnings` flags pyperf-style instability: a run whose steps scatter (CV above
 `MAX_CV`) or runs whose medians disagree by more than `MAX_RUN_SPREAD`.
 """
@@ -321,12 +321,12 @@ runs floats)."""
 
 
 def median_cis(samples: Sequence[Runs], seed: int = SEED) -> list[MedianCI]:
-    """`median_ci` of each of many cells at once (a year of nightly runs in seconds).
+    """`median_ci` of each of many cells at once (a year of nightly runs in seconds): the
+    cells of equal run counts go to scipy.stats.bootstrap as one array (its `axis`), in
+    batches, with `seed`'s generator each time, so every cell gets the interval its own
+    call would (the same draws; tested). Below MIN_RUNS runs no CI."""
+    from scipy import stats as scipy_stats
 
-    The bootstrap is scipy.stats.bootstrap's percentile method written out: RESAMPLES draws
-    of n run indices from `seed`'s generator (the same draws for every cell of n runs, as
-    scipy would draw them), each draw's median of the run medians, the percentiles of
-    those. The same numbers as scipy's, bit for bit (tested); below MIN_RUNS runs no CI."""
     found: list[MedianCI | None] = [None] * len(samples)
     by_runs: dict[int, list[tuple[int, np.ndarray]]] = {}
     for i, runs in enumerate(samples):
@@ -337,20 +337,17 @@ def median_cis(samples: Sequence[Runs], seed: int = SEED) -> list[MedianCI]:
             found[i] = MedianCI(median=center, low=bound, high=bound, runs=n)
         else:
             by_runs.setdefault(n, []).append((i, medians))
-    tail = (1 - CONFIDENCE) / 2 * 100
     for n, cells in by_runs.items():
-        picks = np.random.default_rng(seed).integers(0, n, (RESAMPLES, n))
         for start in range(0, len(cells), MEDIAN_CI_BATCH):
             batch = cells[start:start + MEDIAN_CI_BATCH]
-            drawn = np.sort(np.stack([m for _, m in batch])[:, picks], axis=2)
-            # Each draw's median as np.median takes it: the middle value, or the mean of the
-            # two middle values.
-            centers = (drawn[..., n // 2] if n % 2
-                       else (drawn[..., n // 2 - 1] + drawn[..., n // 2]) / 2)
-            low, high = np.percentile(centers, [tail, 100 - tail], axis=1)
+            interval = scipy_stats.bootstrap(
+                (np.stack([m for _, m in batch]),), np.median, axis=-1,
+                confidence_level=CONFIDENCE, n_resamples=RESAMPLES, method="percentile",
+                random_state=np.random.default_rng(seed)).confidence_interval
             for k, (i, medians) in enumerate(batch):
-                found[i] = MedianCI(median=float(np.median(medians)), low=float(low[k]),
-                                    high=float(high[k]), runs=n)
+                found[i] = MedianCI(median=float(np.median(medians)),
+                                    low=float(interval.low[k]), high=float(interval.high[k]),
+                                    runs=n)
     return found
 
 

@@ -243,14 +243,18 @@ def test_a_run_that_shared_the_machine_widens_the_bound():
 
 
 def test_median_ci_is_scipys_percentile_bootstrap_to_the_bit():
-    """median_ci writes out scipy.stats.bootstrap's percentile method (for speed): the same
-    draws and the same interval, for odd and even run counts and runs of unequal length."""
+    """median_cis bootstraps many cells in one call of scipy.stats.bootstrap (for speed):
+    each gets the interval of its own call, for odd and even run counts and runs of unequal
+    length, alone or batched with others."""
     from scipy import stats as scipy_stats
 
     rng = np.random.default_rng(11)
-    for runs in (3, 4, 5, 8, 13):
-        sample = [rng.normal(100, 5, rng.integers(5, 40)) for _ in range(runs)]
+    samples = [[rng.normal(100, 5, rng.integers(5, 40)) for _ in range(runs)]
+               for runs in (3, 4, 5, 8, 13, 5, 5)]
+    batched = stats.median_cis(samples)
+    for sample, together in zip(samples, batched, strict=True):
         ours = stats.median_ci(sample)
+        assert (together.low, together.high) == (ours.low, ours.high)
         medians = np.array([np.median(r) for r in sample])
         theirs = scipy_stats.bootstrap(
             (medians,), np.median, confidence_level=stats.CONFIDENCE,
