@@ -355,21 +355,22 @@ class AB(Command):
     name = "ab"
     help = "A/B two git refs: the same cells, interleaved round by round"
     description = ("Checks out REF_A and REF_B as git worktrees and runs every cell from "
-                   "each, A's and B's processes side by side in lockstep (or one after the "
-                   "other), for --rounds rounds; reports the ratio of "
+                   "each, A's and B's processes one after the other (or side by side in "
+                   "lockstep), for --rounds rounds; reports the ratio of "
                    "medians with a 95%% CI, a verdict, the minimum detectable effect and any "
                    "change in the exact cost metrics. Exit 1 when B is slower beyond noise or "
                    "costs more (unless --no-fail), 2 on bad input. `parity ab HEAD HEAD` "
                    "measures the noise floor.")
     ROUNDS = 16
     STEPS = 10
-    """Defaults: 16 rounds of 10 steps, in lockstep (5 slices of 2 steps). On a 2-core CPU
+    """Defaults: 16 rounds of 10 steps, processes one after the other. On a 2-core CPU
     VM the noise is set by how far a whole process's median moves from the next process's
     (6-15%), against a 1-3% standard error of one process's median over 10 steps, so rounds
     buy far more than steps. Measured there (`ab HEAD HEAD --arms native --preset small`):
     processes one after the other, MDE 9.4-14.8% and 254-446 s; in lockstep, MDE 6.1-7.5%
-    and 159-171 s (both processes build at once). A planted 5% slowdown read 1.038 [1.004,
-    1.094] in lockstep and 1.049 [0.988, 1.114] one after the other. 6 rounds, the fewest
+    and 159-171 s (both processes build at once; `--pairing lockstep`). A planted 5%
+    slowdown read 1.038 [1.004, 1.094] in lockstep and 1.049 [0.988, 1.114] one after the
+    other. 6 rounds, the fewest
     that can reach 95% by the CI alone (reports.stats.MIN_PAIRS), cost less and detect
     less; pass --rounds to trade sensitivity for time."""
 
@@ -386,10 +387,11 @@ class AB(Command):
                             help="exit 0 even when B is slower or costs more")
         parser.add_argument("--out", type=Path, default=Path("results/ab"), help="results dir")
         parser.add_argument("--pairing", choices=["processes", "lockstep"],
-                            help="lockstep: A's and B's process of a round side by side, "
-                                 "their steps alternating in --slices slices; processes: one "
-                                 "after the other. Default: lockstep where both refs have it "
-                                 "(ab.md says when not)")
+                            default="processes",
+                            help="processes (default): A's and B's process of a round one "
+                                 "after the other; lockstep: side by side, their steps "
+                                 "alternating in --slices slices (both refs need lockstep's "
+                                 "worker)")
         parser.add_argument("--slices", type=int, default=5,
                             help="lockstep: slices the timed steps are cut into (default 5)")
 

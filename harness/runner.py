@@ -254,18 +254,38 @@ def started_worker(args: list[str], env: dict[str, str], err_path: Path, cwd: Pa
     taken down and the process reaped."""
     command = [sys.executable, "-m", "harness.worker", *args]
     env = {**env, SPAWNED_AT: repr(time.time())}
+    parent = os.getpid()
+
+    def child_setup() -> None:  # the worker starts with the stops unblocked again
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
+        die_with_parent(parent)()
+
     with err_path.open("w") as stderr:
-        proc = subprocess.Popen(command, env=env, stdout=stderr, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=cwd, pass_fds=tuple(pass_fds),
-                                preexec_fn=die_with_parent(os.getpid()))
-        with REAPER.watch("group", pgid=proc.pid):
-            try:
+        # A stop (SIGTERM, SIGINT, SIGHUP) that arrived between the fork and the cleanup's
+        # registration would leave the worker running while the parent removes the temp dirs
+        # it writes into: stops are held until the worker is registered, then land inside.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+        try:
+            proc = subprocess.Popen(command, env=env, stdout=stderr, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=cwd, pass_fds=tuple(pass_fds),
+                                    preexec_fn=child_setup)
+        except BaseException:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            raise
+        try:
+            with REAPER.watch("group", pgid=proc.pid):
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
                 yield proc
-            finally:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                if proc.returncode is None:
-                    proc.wait()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            if proc.returncode is None:
+                proc.wait()
+
+
+_STOPS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+"""The signals that stop a run (harness.reaper.terminate_on_signals)."""
 
 
 def _forked(zygote: Zygote, cell: CellRun, env: dict[str, str], out: Path, err_path: Path,

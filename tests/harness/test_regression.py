@@ -143,7 +143,7 @@ def test_ab_between_two_real_commits_flags_the_slower_one(two_commits):
 
 @pytest.mark.slow
 def test_lockstep_ab_between_two_real_commits_flags_the_slower_one(two_commits):
-    proc = _ab(two_commits, "HEAD~1", "HEAD")  # lockstep, 5 slices: the default
+    proc = _ab(two_commits, "HEAD~1", "HEAD", extra=["--pairing", "lockstep"])  # 5 slices
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "side by side, their steps alternating in 5 slices" in proc.stdout
     row = next(line for line in proc.stdout.splitlines() if line.startswith("| native"))
