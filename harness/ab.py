@@ -71,8 +71,6 @@ class ABResult:
     shas: dict[str, str]
     lockstep_slices: int = 0
     """The slices of each lockstep round; 0: A's and B's processes ran one after the other."""
-    note: str = ""
-    """Why the A/B did not run as asked (a ref too old for lockstep), or nothing."""
 
     @property
     def slower(self) -> bool:
@@ -84,22 +82,19 @@ def run_ab(ref_a: str, ref_b: str, cells: Sequence[CellRun], out_dir: Path, *,
            env: dict[str, str], timeout_s: float, rounds: int = 5, repo: Path = REPO,
            on_record: Callable[[int, Record], None] | None = None,
            on_start: Callable[[CellRun, int], None] | None = None,
-           min_effect: float = stats.MIN_EFFECT, lockstep_slices: int = 0,
-           lockstep_required: bool = False) -> ABResult:
+           min_effect: float = stats.MIN_EFFECT, lockstep_slices: int = 0) -> ABResult:
     """Runs each cell from both refs, `rounds` times, A and B back to back (A B in even
     rounds, B A in odd ones) so machine drift hits both sides of a round alike; the rounds
     are then compared as pairs. With `lockstep_slices`, A's and B's processes of a round
     run side by side and their steps alternate in that many slices (harness.lockstep);
-    the slice pairs are compared; where a ref's worker predates lockstep, the A/B runs
-    processes one after the other instead (or, `lockstep_required`, refuses). Records go to
-    out_dir/<ab id>-A.jsonl and -B.jsonl."""
+    the slice pairs are compared (a ref whose worker predates lockstep is refused). Records
+    go to out_dir/<ab id>-A.jsonl and -B.jsonl."""
     if rounds < stats.MIN_PAIRS:
         raise ValueError(f"--rounds {rounds}: A/B needs at least {stats.MIN_PAIRS} rounds "
                          "(fewer interleaved pairs cannot reach 95% confidence)")
     shas = {"A": resolve_ref(ref_a, repo), "B": resolve_ref(ref_b, repo)}
     ab_id = new_run_id("ab-")
     records: dict[str, list[Record]] = {"A": [], "B": []}
-    note = ""
     with tempfile.TemporaryDirectory(prefix="parity-ab-") as tmp, \
             REAPER.watch("path", path=tmp), contextlib.ExitStack() as watching:
         trees = {}
@@ -111,8 +106,7 @@ def run_ab(ref_a: str, ref_b: str, cells: Sequence[CellRun], out_dir: Path, *,
                                                     repo=str(repo)))
                 _git("worktree", "add", "--detach", str(trees[side]), sha, cwd=repo)
             if lockstep_slices:
-                lockstep_slices, note = lockstep_or_not(trees, shas, lockstep_slices,
-                                                        lockstep_required)
+                check_lockstep(trees, shas)
             refs = _Refs(trees=trees, shas=shas, ab_id=ab_id, stores=Path(tmp), env=env)
             for round_index, index, cell in schedule(cells, rounds):
                 order = ("A", "B") if round_index % 2 == 0 else ("B", "A")
@@ -139,8 +133,7 @@ def run_ab(ref_a: str, ref_b: str, cells: Sequence[CellRun], out_dir: Path, *,
                     _git("worktree", "remove", "--force", str(tree), cwd=repo)
             _git("worktree", "prune", cwd=repo)
     rows = compare_sets(records["A"], records["B"], paired=True, min_effect=min_effect)
-    return ABResult(records=records, rows=rows, shas=shas, lockstep_slices=lockstep_slices,
-                    note=note)
+    return ABResult(records=records, rows=rows, shas=shas, lockstep_slices=lockstep_slices)
 
 
 def check_lockstep(trees: dict[str, Path], shas: dict[str, str]) -> None:
@@ -179,19 +172,6 @@ class _Refs:
         return ABTag(side=side, sha=self.shas[side])
 
 
-def lockstep_or_not(trees: dict[str, Path], shas: dict[str, str], slices: int,
-                    required: bool) -> tuple[int, str]:
-    """(slices, note): lockstep where both refs have it; otherwise, unless `required`
-    (which raises), processes one after the other (0 slices) and a note saying why."""
-    try:
-        check_lockstep(trees, shas)
-    except ValueError as err:
-        if required:
-            raise
-        return 0, f"Not in lockstep: {err}."
-    return slices, ""
-
-
 def _lockstep_round(refs: _Refs, cell: CellRun, round_index: int, order: Sequence[str],
                     slices: int, out_dir: Path, timeout_s: float,
                     on_start: Callable[[CellRun, int], None] | None) -> dict[str, Record]:
@@ -227,7 +207,6 @@ def markdown(ref_a: str, ref_b: str, result: ABResult, rounds: int,
            "A and B back to back (A B, then B A, ...); rounds are resampled as pairs.")
     head = [f"## A/B: {ref_a} (A, {result.shas['A'][:10]}) vs {ref_b} "
             f"(B, {result.shas['B'][:10]})", "",
-            f"{rounds} interleaved rounds, each cell in its own process, {how}", "",
-            *([result.note, ""] if result.note else [])]
+            f"{rounds} interleaved rounds, each cell in its own process, {how}", ""]
     return "\n".join(head) + compare_markdown(result.rows, old_label="A", new_label="B",
                                               min_effect=min_effect)

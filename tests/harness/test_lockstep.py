@@ -95,15 +95,13 @@ def test_a_side_that_dies_fails_alone_and_the_other_is_timed(tmp_path):
     assert found["B"].status == "failed" and found["B"].error.reason == "crash"
 
 
-def test_a_ref_too_old_for_lockstep_runs_processes_unless_lockstep_was_asked_for(tmp_path):
+def test_lockstep_refuses_a_ref_whose_worker_has_no_gate(tmp_path):
     old = tmp_path / "old" / "harness"
     old.mkdir(parents=True)
     (old / "worker.py").write_text("# a worker from before lockstep\n")
-    trees = {"A": Path(__file__).resolve().parents[2], "B": tmp_path / "old"}
+    new = Path(__file__).resolve().parents[2]
     shas = {"A": "f" * 40, "B": "0123456789abcdef"}
-    assert ab.lockstep_or_not({"A": trees["A"], "B": trees["A"]}, shas, 5, True) == (5, "")
-    slices, note = ab.lockstep_or_not(trees, shas, 5, required=False)
-    assert slices == 0 and note.startswith("Not in lockstep: B (0123456789) predates")
+    ab.check_lockstep({"A": new, "B": new}, shas)  # both have it: no error
     with pytest.raises(ValueError, match=r"B \(0123456789\) predates lockstep A/B .* use "
                                          "--pairing processes"):
-        ab.lockstep_or_not(trees, shas, 5, required=True)
+        ab.check_lockstep({"A": new, "B": tmp_path / "old"}, shas)
