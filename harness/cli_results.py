@@ -11,6 +11,19 @@ from harness.command import Command, check_fraction
 from harness.grid_run import Stopped
 
 
+def _stoppable(write, unwritten: str):
+    """`write()`'s result, with SIGINT/SIGTERM/SIGHUP raised inside it; a stop prints that
+    nothing was written (`unwritten`: what was not) and ends the command with its code."""
+    from harness.reaper import Terminated, terminate_on_signals
+
+    try:
+        with terminate_on_signals():
+            return write()
+    except Terminated as stop:
+        print(f"\nparity: stopped by {stop}; {unwritten}", file=sys.stderr)
+        raise Stopped(stop.exit_code) from None
+
+
 class Compare(Command):
     name = "compare"
     help = "compare two saved result sets cell by cell"
@@ -82,20 +95,15 @@ class Report(Command):
     @classmethod
     def run(cls, args):
         from harness import results
-        from harness.reaper import Terminated, terminate_on_signals
         from reports.document import render
 
         results.read_dir(args.results)  # bad results fail before anything is written
         results.check_writable(args.output.parent, "-o")
         if args.output.is_dir():
             raise ValueError(f"-o {args.output} is a directory; give the .md file to write")
-        try:  # staged, then moved into place whole (reports.document): a stop writes nothing
-            with terminate_on_signals():
-                render(args.results, args.output, baseline_arm=args.baseline_arm,
-                       embed_images=args.embed_images)
-        except Terminated as stop:
-            print(f"\nparity: stopped by {stop}; no report was written", file=sys.stderr)
-            raise Stopped(stop.exit_code) from None
+        # Staged, then moved into place whole (reports.document): a stop writes nothing.
+        _stoppable(lambda: render(args.results, args.output, baseline_arm=args.baseline_arm,
+                                  embed_images=args.embed_images), "no report was written")
         print(f"report: {args.output}")
         return 0
 
@@ -124,20 +132,16 @@ class Publish(Command):
     @classmethod
     def run(cls, args):
         from harness import nightly, results
-        from harness.reaper import Terminated, terminate_on_signals
         from reports import site
 
         if args.threshold is not None:
             check_fraction(args.threshold)
         site.check_output(args.output)
         history = results.read_dir(args.history)
-        try:  # staged, then renamed into place (reports.site.writer): a stop writes nothing
-            with terminate_on_signals():
-                done = nightly.publish(history, args.history, args.output,
-                                       threshold=args.threshold)
-        except Terminated as stop:
-            print(f"\nparity: stopped by {stop}; the site was not written", file=sys.stderr)
-            raise Stopped(stop.exit_code) from None
+        # Staged, then renamed into place (reports.site.writer): a stop writes nothing.
+        done = _stoppable(lambda: nightly.publish(history, args.history, args.output,
+                                                  threshold=args.threshold),
+                          "the site was not written")
         print(nightly.published_text(done))
         return 0
 
