@@ -78,6 +78,31 @@ def apply_rope(x_BxLxNxH: jax.Array, positions_BxL: jax.Array, theta: float) -> 
     return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
 
 
+def attend(q_BxLxKxGxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
+           mask_BxLxS: jax.Array) -> jax.Array:
+    """softmax(q.k / sqrt(H), masked) . v for grouped queries, in q's dtype.
+
+    The softmax is normalized after the value product: exp(scores - max) feeds the product
+    directly (XLA computes the exponentials inside the matmul's fusion) and the [B, L, K, G,
+    H] output is divided by their sum. Normalizing first would write the [B, K, G, L, S]
+    probabilities to memory and read them back, in the forward and again in the backward; on
+    the TPU plan of qwen3-1.7b at 4096 tokens that was 15% of a step's HBM traffic. Scores,
+    exponentials and sums are float32; the product takes the exponentials in q's dtype and
+    accumulates in float32. The max is a constant shift (it cancels in the ratio), so no
+    gradient flows through it.
+    """
+    dt, h = q_BxLxKxGxH.dtype, q_BxLxKxGxH.shape[-1]
+    scores_BxKxGxLxS = jnp.einsum("BLKGH,BSKH->BKGLS", q_BxLxKxGxH, k_BxSxKxH) * h**-0.5
+    scores_BxKxGxLxS = jnp.where(mask_BxLxS[:, None, None], scores_BxKxGxLxS, MASK_VALUE)
+    scores_BxKxGxLxS = scores_BxKxGxLxS.astype(jnp.float32)
+    max_BxKxGxLx1 = jax.lax.stop_gradient(jnp.max(scores_BxKxGxLxS, axis=-1, keepdims=True))
+    exps_BxKxGxLxS = jnp.exp(scores_BxKxGxLxS - max_BxKxGxLx1)
+    sum_BxLxKxG = jnp.einsum("BKGLS->BLKG", exps_BxKxGxLxS)
+    o_BxLxKxGxH = jnp.einsum("BKGLS,BSKH->BLKGH", exps_BxKxGxLxS.astype(dt), v_BxSxKxH,
+                             preferred_element_type=jnp.float32)
+    return (o_BxLxKxGxH / sum_BxLxKxG[..., None]).astype(dt)
+
+
 class Attention(nnx.Module):
     """GQA self-attention with per-head RMSNorm on q and k applied before RoPE."""
 
@@ -112,12 +137,8 @@ class Attention(nnx.Module):
         k_BxSxKxH = apply_rope(k_BxSxKxH, positions_BxL, c.rope_theta)
 
         b, length, n, h = q_BxLxNxH.shape
-        k = c.num_kv_heads
-        q_BxLxKxGxH = q_BxLxNxH.reshape(b, length, k, n // k, h)
-        scores_BxKxGxLxS = jnp.einsum("BLKGH,BSKH->BKGLS", q_BxLxKxGxH, k_BxSxKxH) * h**-0.5
-        scores_BxKxGxLxS = jnp.where(mask_BxLxS[:, None, None], scores_BxKxGxLxS, MASK_VALUE)
-        probs_BxKxGxLxS = jax.nn.softmax(scores_BxKxGxLxS.astype(jnp.float32), axis=-1).astype(dt)
-        o_BxLxKxGxH = jnp.einsum("BKGLS,BSKH->BLKGH", probs_BxKxGxLxS, v_BxSxKxH)
+        q_BxLxKxGxH = q_BxLxNxH.reshape(b, length, c.num_kv_heads, n // c.num_kv_heads, h)
+        o_BxLxKxGxH = attend(q_BxLxKxGxH, k_BxSxKxH, v_BxSxKxH, mask_BxLxS)
         o_BxLxNxH = constrain(o_BxLxKxGxH.reshape(b, length, n, h), (
             "activation_batch", "activation_length", "activation_heads", "activation_kv"))
         out_BxLxD = jnp.einsum("BLNH,NHD->BLD", o_BxLxNxH, self.out[...].astype(dt))

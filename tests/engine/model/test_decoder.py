@@ -6,6 +6,7 @@ from flax import nnx
 
 from arms.workload import TokenCrossEntropy, make_micro_batches, rel_l2
 from engine.model import Decoder, get_preset
+from engine.model.decoder import attend, attention_mask
 
 
 def _batch(config, seed=0, batch_size=2, seq_len=32):
@@ -81,6 +82,57 @@ def test_attention_is_causal_and_stays_inside_packed_segments():
     assert not np.allclose(changed[0, boundary - 1], base[0, boundary - 1])
     # ... and no position of the next document (segment mask).
     np.testing.assert_allclose(changed[0, boundary:], base[0, boundary:], rtol=1e-6, atol=1e-6)
+
+
+def _attention_inputs(dtype=jnp.float32):
+    b, length, k, g, h = 2, 16, 2, 3, 8
+    keys = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(keys[0], (b, length, k, g, h), dtype)
+    kk, v = (jax.random.normal(key, (b, length, k, h), dtype) for key in keys[1:])
+    segments = jnp.array([[1] * 10 + [2] * 6, [1] * 16])
+    return q, kk, v, attention_mask(segments)
+
+
+def test_attend_is_the_softmax_attention():
+    """The value product normalized after the fact is softmax attention: against the
+    textbook order (softmax, then the product), float32 throughout, to float32 rounding
+    (a few ulps of the [0, 1] weights summed over 16 keys)."""
+    q, k, v, mask = _attention_inputs()
+    scores = jnp.einsum("BLKGH,BSKH->BKGLS", q, k) / np.sqrt(q.shape[-1])
+    probs = jax.nn.softmax(jnp.where(mask[:, None, None], scores, -jnp.inf), axis=-1)
+    expected = jnp.einsum("BKGLS,BSKH->BLKGH", probs, v)
+    np.testing.assert_allclose(attend(q, k, v, mask), expected, rtol=1e-5, atol=1e-6)
+
+
+def _divisions(jaxpr) -> list[tuple[int, ...]]:
+    """Result shapes of every division in `jaxpr` and the jaxprs inside it (pjit, remat,
+    custom derivatives)."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "div":
+            found.append(tuple(eqn.outvars[0].aval.shape))
+        for value in eqn.params.values():
+            for inner in value if isinstance(value, tuple | list) else [value]:
+                inner = getattr(inner, "jaxpr", inner)
+                if hasattr(inner, "eqns"):
+                    found += _divisions(inner)
+    return found
+
+
+def test_attention_normalizes_its_output_not_the_probabilities():
+    """Forward and backward divide only [B, L, K, G]-sized sums into the [B, L, K, G, H]
+    output: no [B, K, G, L, S] tensor of normalized probabilities exists to be written to
+    memory and read back (the traffic the TPU plan showed at long sequences)."""
+    q, k, v, mask = _attention_inputs()
+    scores_shape = (2, 2, 3, 16, 16)
+
+    def loss(q, k, v):
+        return jnp.sum(attend(q, k, v, mask) ** 2)
+
+    jaxpr = jax.make_jaxpr(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr
+    divisions = _divisions(jaxpr)
+    assert scores_shape not in divisions, divisions
+    assert (2, 16, 2, 3, 8) in divisions  # the output, normalized
 
 
 def test_qk_norm_scales_act_on_the_logits():
