@@ -43,12 +43,24 @@ def test_gradients_and_accumulator_are_sharded_like_the_params(planned):
         assert abs(step.alias - update.alias) <= 4096  # the same params and moments
 
 
-def test_the_update_moves_each_state_buffer_once(planned):
+@pytest.fixture(scope="module")
+def large_update(tmp_path_factory):
+    """The engine planned at qwen3-0.6b (298 MB of float32 params per device over fsdp=8,
+    far beyond on-chip memory, so every pass over the state goes through HBM; a tiny
+    model's state fits on chip, where a second read of it costs no HBM bytes), at 16
+    tokens so the fwd/bwd compiles fast."""
+    return plan_arms(tmp_path_factory.mktemp("large"), ["engine"], "--preset", "qwen3-0.6b",
+                     "--seq", "16", "--batch", "8", "--ga", "1", "--mesh", "fsdp=8",
+                     "--scan-layers", "--remat", "full")["engine"]
+
+
+def test_the_update_moves_each_state_buffer_once(large_update):
     """AdamW without the harness's capture: read p, g, m, v; write p, m, v: 7 passes of the
-    parameter bytes over HBM (within 1.15x; the scalars are the rest)."""
-    p = planned["engine"].plan
+    parameter bytes over HBM. The rest is scalars (step count, finite flag, loss sums: a
+    few 512-byte TPU tiles), so one more pass over any state buffer (298 MB) fails."""
+    p = large_update.plan
     params = p.resident_bytes["params"]
-    assert 7 * params <= p.executables["update"].hbm_bytes <= 1.15 * 7 * params
+    assert 0 <= p.executables["update"].hbm_bytes - 7 * params <= 4096
 
 
 def test_the_update_allocates_nothing_beyond_the_state_it_is_given(planned):
@@ -73,15 +85,27 @@ def _param_shard_shapes(text: str) -> set[str]:
     return shapes
 
 
-def test_the_fused_accumulation_copies_no_parameter_sized_buffer_per_micro_batch(planned):
+@pytest.fixture(scope="module")
+def large_fused(tmp_path_factory):
+    """engine-fused at qwen3-0.6b, GA 2 (see `large_update`: its accumulator does not fit
+    on chip, so a per-micro-batch copy of it goes through HBM)."""
+    return plan_arms(tmp_path_factory.mktemp("large-fused"), ["engine-fused"], "--preset",
+                     "qwen3-0.6b", "--seq", "16", "--batch", "16", "--ga", "2", "--mesh",
+                     "fsdp=8", "--scan-layers", "--remat", "full",
+                     "--save-hlo")["engine-fused"]
+
+
+def test_the_fused_accumulation_copies_no_parameter_sized_buffer_per_micro_batch(
+        large_fused):
     """Inside the micro-batch loop of the fused step, no copy, transpose or re-tiling into
     HBM of a buffer shaped like a parameter shard (the accumulator's leaves): the sums are
-    added in place, micro-batch after micro-batch. (Prefetches of weights into on-chip
-    VMEM are staging, not copies of a buffer.)"""
-    text = _text(planned["engine-fused"], "train_step")
+    added in place, micro-batch after micro-batch. Moves between on-chip VMEM and HBM are
+    the memory-space assignment's staging of a buffer, not copies of it: a prefetch into
+    VMEM, or an eviction from VMEM (the norm scales' small sums are)."""
+    text = _text(large_fused, "train_step")
     module = hlo.parse(text)
     shards = _param_shard_shapes(text)
-    assert shards  # the tiny model's weights, sharded over 8 devices
+    assert len(shards) >= 7  # the scanned layers' weights and norms, the embedding, the head
     (loop,) = [i for i in module.computations[module.entry] if i.opcode == "while"
                and hlo.trip_count(module, i) == 2]
     reached, todo = set(), [loop.callees()["body"]]
@@ -91,10 +115,12 @@ def test_the_fused_accumulation_copies_no_parameter_sized_buffer_per_micro_batch
             reached.add(name)
             todo += [c for i in module.computations[name] for c in i.callees().values()
                      if c in module.computations]
+
     def written_to_hbm_as_a_shard(inst) -> bool:
-        destination = hlo.tuple_elements(inst.shape)[0]  # copy-start: (dest, src, ...)
-        return (destination.split("{")[0] in shards
-                and hlo.array_bytes(destination, hbm_only=True) > 0)  # not VMEM staging
+        destination, *source = hlo.tuple_elements(inst.shape)  # copy-start: (dest, src, ..)
+        staged = bool(source) and hlo.array_bytes(source[0], hbm_only=True) == 0
+        return (destination.split("{")[0] in shards and not staged
+                and hlo.array_bytes(destination, hbm_only=True) > 0)  # not into VMEM
 
     copies = [i for name in reached for i in module.computations[name]
               if i.opcode in ("copy", "copy-start", "transpose") and
