@@ -145,11 +145,10 @@ def test_no_attention_sized_buffer_reaches_hbm(long_attention):
     (`engine.model.decoder.attend`): at this size XLA:TPU then computes scores,
     exponentials and the value product inside fusions, in on-chip memory, and no [.., L, S]
     buffer of the forward, its rematerialization or the backward is written to HBM. With
-    the softmax normalized first, the plan writes float32 probabilities to HBM
-    (f32[2,2,1024,1024], 16 MiB, twice per layer) and the fwd/bwd moves 72.9 MB there
-    instead of 5.7 MB.
-    At qwen3-1.7b and 4096 tokens the scores themselves still go to HBM; the probabilities
-    do not."""
+    the softmax normalized first, the plan keeps a float32 probability-sized buffer in HBM
+    (a fusion's f32[2,2,1024,1024] output, 16 MiB) and the fwd/bwd moves 72.9 MB there
+    instead of 5.7 MB. At qwen3-1.7b and 4096 tokens the scores themselves still go to
+    HBM; the probabilities do not."""
     module = hlo.parse(_text(long_attention, "fwd_bwd"))
     fused = {i.callees()["calls"] for body in module.computations.values() for i in body
              if i.opcode == "fusion"}  # a fusion's insides live in registers and VMEM
