@@ -29,7 +29,7 @@ class ArmPlan:
 
     executables: dict[str, jax.stages.Lowered]
     """Every executable a step runs (and those it may run: MaxText's accumulating kernel at
-    GA 1, with 0 calls), lowered for the mesh: the planner compiles them."""
+    GA 1, with 0 calls), lowered for the mesh: the planner compiles those with calls."""
     calls_per_step: dict[str, int]
     """Calls of each executable per optimizer step."""
     state: dict[str, Any]

@@ -160,6 +160,10 @@ class PlanCommand(Command):
         parser.add_argument("--save-hlo", action="store_true",
                             help="write each executable's optimized TPU HLO text under "
                                  "OUT/hlo/<run id>/<cell>/ (to find what a figure comes from)")
+        parser.add_argument("--jobs", type=int,
+                            help="cells planned side by side (default: one per core, as many "
+                                 "as host memory holds at 8 GiB each); a plan's figures do "
+                                 "not depend on it, only its compile seconds")
         parser.add_argument("--no-plan-cache", action="store_true",
                             help="compile every executable (default: a program planned "
                                  "before for the same target and versions is read back from "
@@ -176,6 +180,8 @@ class PlanCommand(Command):
             raise ValueError(f"--rounds {args.rounds}: a plan is deterministic (the "
                              "same code and versions give the same figures); plan once")
         options["rounds"] = 1  # a suite's rounds are for timing
+        if args.jobs is not None and args.jobs < 1:
+            raise ValueError(f"--jobs {args.jobs}: give at least 1 cell at a time")
         name = args.target or options.get("target") or target.TPU7X
         slices = (args.target_slices if args.target_slices is not None
                   else options.get("target_slices", 1))
@@ -186,8 +192,9 @@ class PlanCommand(Command):
             described["hlo_dir"] = str(args.out / "hlo")
         if not args.no_plan_cache:
             described["plan_cache"] = str((args.out / PLAN_CACHE).absolute())
+        jobs = args.jobs if args.jobs is not None else target.default_jobs()
         grid = Grid(args, args.out, run_id=args.run_id, options=options, target=described)
-        path, records = grid.run()
+        path, records = grid.run(jobs=jobs)
         print(console.plan_table(records))
         failing = [f"{console.cell_name(r.arm, r.spec)}: "
                    + (f"{r.error.reason}: {r.error.message[:300]}" if not r.ok else
@@ -344,7 +351,7 @@ class Nightly(Command):
         if described is not None:
             plans = Grid(args, args.history, options={**options, "rounds": 1, "trace": False},
                          target=described)
-            records = [*records, *plans.run()[1]]
+            records = [*records, *plans.run(jobs=target.default_jobs())[1]]
         code, text = nightly.evaluate(records, args.history, threshold=threshold,
                                       report_dir=report_dir, publish_to=args.publish)
         print(text)

@@ -224,10 +224,20 @@ class Grid:
     def rounds(self) -> int:
         return self.options.get("rounds", 1)
 
-    def run(self, **kwargs):
+    def run(self, jobs: int = 1, **kwargs):
         """(results path, records) of every cell, `rounds` times, with progress lines; a
-        resumed run (an existing --run-id) skips the cells its file holds already."""
+        resumed run (an existing --run-id) skips the cells its file holds already. `jobs`
+        > 1 plans that many cells side by side (plans only: harness.pool), each process
+        allowed to load libtpu beside the others."""
         from harness import runner
+
+        if jobs < 1:
+            raise ValueError(f"--jobs {jobs}: give at least 1")
+        env = self.env
+        if jobs > 1:
+            from harness.plan.target import MULTIPLE_LOAD_ENV
+
+            env = {**env, MULTIPLE_LOAD_ENV: "1"}
 
         done = len(runner.recorded(self.path, self.run_id))
         if done:
@@ -235,11 +245,11 @@ class Grid:
                   f"{self.path} and are skipped", flush=True)
         with self.progress(len(self.cells) * self.rounds - done) as (on_start, on_record), \
                 stopped_keeps(self.kept):
-            return runner.run_grid(self.cells, self.out, env=self.env,
+            return runner.run_grid(self.cells, self.out, env=env,
                                    timeout_s=self.timeout_s, suite=self.options.get("name"),
                                    rounds=self.rounds, on_start=on_start, on_record=on_record,
                                    environment=self.environment, run_id=self.run_id,
-                                   **kwargs)
+                                   jobs=jobs, **kwargs)
 
     def run_paired(self, slices: int):
         """(results path, records): each shape's arms in one process, `rounds` processes

@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,15 +105,17 @@ class Reaper:
 
     def __init__(self):
         self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()  # cells side by side register from threads
 
     def _send(self, message: dict) -> None:
-        if self._proc is None:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "harness.reaper"], stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL, start_new_session=True,
-                cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        self._proc.stdin.write((json.dumps(message) + "\n").encode())
-        self._proc.stdin.flush()
+        with self._lock:
+            if self._proc is None:
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "harness.reaper"], stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL, start_new_session=True,
+                    cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            self._proc.stdin.write((json.dumps(message) + "\n").encode())
+            self._proc.stdin.flush()
 
     @contextlib.contextmanager
     def watch(self, kind: str, **what) -> Iterator[None]:

@@ -12,12 +12,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from harness import results
 from harness.environment import host_malloc
+from harness.pool import run_keyed
 from harness.reaper import REAPER, die_with_parent, raise_if_signalled
 from harness.worker import (
     COMPILE_CACHE,
@@ -175,6 +177,7 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int | None, int | N
             return proc.returncode, usage.ru_maxrss * 1024  # KiB on Linux
         if time.monotonic() >= deadline:
             return None, None
+        raise_if_signalled()  # a stop that landed in another thread (harness.pool)
         time.sleep(0.05)
 
 
@@ -346,7 +349,7 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
              cwd: Path | None = None, ab: ABTag | None = None,
              environment: dict | None = None, distributed: dict | None = None,
              first_round: int = 0, store: Path | None = None,
-             prefork: bool = True,
+             prefork: bool = True, jobs: int = 1,
              alongside: Callable[[], None] | None = None) -> tuple[Path, list[Record]]:
     """Runs every cell `rounds` times (interleaved, see `schedule`), appending each record to
     `out_dir/<run_id>.jsonl` as it finishes; returns the records in run order.
@@ -361,48 +364,64 @@ def run_grid(cells: Sequence[CellRun], out_dir: str | Path, *, env: dict[str, st
     (harness.zygote); without, each is a fresh interpreter (an A/B ref's own worker).
     `alongside` runs once the zygotes have started importing, and the first cell only after
     it returned: work that may share the machine with imports, never with a cell (`parity
-    run --selftest`); what it raises ends the run before any cell.
+    run --selftest`); what it raises ends the run before any cell. `jobs` > 1 runs that
+    many plan cells side by side (harness.pool; timed cells always run alone); the file
+    then holds records in the order the cells ended, and the returned list is in run order.
     """
     run_id = run_id or new_run_id()
     path = results_path(out_dir, run_id, suite)
-    records = []
+    if jobs > 1 and not all(c.plan_target for c in cells):
+        raise ValueError(f"--jobs {jobs}: only plans run side by side; a timed cell runs "
+                         "alone (its figures would measure the other cells too)")
+    finished: list[tuple[int, Record]] = []
     writer = distributed is None or distributed.get("process_id", 0) == 0
     done = recorded(path, run_id)
     order = [(r, i, c) for r, i, c in schedule(cells, rounds)
              if (c.arm, _config_hash(c), first_round + r) not in done]
-    with results.exclusive(path) if writer else contextlib.nullcontext(), \
-            _store(store) as store, \
-            _Zygotes(store, env, cwd, cells if prefork else None, alongside) as zygotes:
-        for k, (round_index, index, cell) in enumerate(order):
-            raise_if_signalled()
-            if distributed:
-                cell = dataclasses.replace(cell, distributed=_cell_distributed(distributed, k))
-            if cell.trace:
-                cell = dataclasses.replace(cell, trace_session=trace_session(
-                    run_id, cell, first_round + round_index))
+    one_at_a_time = threading.Lock()  # the results file, the callbacks, the zygotes' table
+
+    def run(k: int, item: tuple[int, int, CellRun]) -> None:
+        round_index, index, cell = item
+        raise_if_signalled()
+        if distributed:
+            cell = dataclasses.replace(cell, distributed=_cell_distributed(distributed, k))
+        if cell.trace:
+            cell = dataclasses.replace(cell, trace_session=trace_session(
+                run_id, cell, first_round + round_index))
+        with one_at_a_time:
             if on_start:
                 on_start(cell, first_round + round_index)
             zygote = zygotes.get(cell)
-            record = run_one(cell, {**env, **cell_store(store, cell)}, timeout_s, cwd, zygote)
-            if zygote is not None and zygote.forked == 1 and record.phases is not None:
-                record.phases = {"preload": zygote.ready_s, **record.phases}
-            stamp(record, cell, run_id=run_id, suite=suite, round_index=first_round + round_index,
-                  env=env, environment=environment, ab=ab)
+        record = run_one(cell, {**env, **cell_store(store, cell)}, timeout_s, cwd, zygote)
+        if zygote is not None and zygote.forked == 1 and record.phases is not None:
+            record.phases = {"preload": zygote.ready_s, **record.phases}
+        stamp(record, cell, run_id=run_id, suite=suite, round_index=first_round + round_index,
+              env=env, environment=environment, ab=ab)
+        with one_at_a_time:
             if writer:
                 try:
                     results.append(path, record)
                 except results.WriteError as err:
                     lost = cell_name(cell.arm, record.spec) + f" round {record.round}"
                     raise results.WriteError(
-                        f"{err}. Lost: the record of {lost}; {len(records)} earlier records "
-                        f"are kept, {len(order) - k - 1} cells did not run. Free space, then "
-                        f"run the same command with --run-id {run_id}: it skips the cells "
-                        "recorded under that id and appends the rest"
+                        f"{err}. Lost: the record of {lost}; {len(finished)} earlier records "
+                        f"are kept, {len(order) - len(finished) - 1} cells did not run. Free "
+                        f"space, then run the same command with --run-id {run_id}: it skips "
+                        "the cells recorded under that id and appends the rest"
                     ) from err
-            records.append(record)
+            finished.append((k, record))
             if on_record:
                 on_record(index, record)
-    return path, records
+
+    with results.exclusive(path) if writer else contextlib.nullcontext(), \
+            _store(store) as store, \
+            _Zygotes(store, env, cwd, cells if prefork else None, alongside) as zygotes:
+        if jobs > 1:  # one arm's cells one at a time: its zygote forks one worker at once
+            run_keyed(order, jobs, lambda item: _key(item[2]), run)
+        else:
+            for k, item in enumerate(order):
+                run(k, item)
+    return path, [record for _, record in sorted(finished, key=lambda pair: pair[0])]
 
 
 def stamp(record: Record, cell: CellRun, *, run_id: str, suite: str | None, round_index: int,

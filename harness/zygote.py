@@ -36,6 +36,8 @@ import time
 import traceback
 from pathlib import Path
 
+from harness.reaper import raise_if_signalled
+
 READY_TIMEOUT_S = 300
 """How long the runner waits for a zygote's imports (MaxText's take ~10 s on 2 cores)."""
 REPLY_TIMEOUT_S = 60
@@ -179,8 +181,9 @@ class Zygote:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise _NoAnswerError(f"did not answer in time (log: {self.log})")
-            readable, _, _ = select.select([self._replies], [], [], left)
+            readable, _, _ = select.select([self._replies], [], [], min(left, 0.2))
             if not readable:
+                raise_if_signalled()  # a stop that landed in another thread (harness.pool)
                 continue
             chunk = os.read(self._replies, 65536)
             if not chunk:

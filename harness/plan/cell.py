@@ -3,8 +3,10 @@
 Order: imports -> the target's compile-only devices (libtpu loaded) -> the arm's plan
 (`Arm.plan`: an abstract build lowered for the target; nothing is materialized and no
 gradient capture is chained in, so the state is what the trainer itself holds) -> each
-executable compiled (or its plan read back from the plan cache) -> its memory analysis and
-HLO counts (`harness.plan.hlo`) -> the record's `plan`.
+executable a step calls compiled (or its plan read back from the plan cache) -> its memory
+analysis and HLO counts (`harness.plan.hlo`) -> the record's `plan`. An executable with no
+call per step (MaxText's accumulating kernel at GA 1) adds nothing to a step's figures and
+is not compiled: at the nightly's sizes it would cost minutes of compile for nothing.
 
 Planned peak per device = the maximum, over the executables a step runs, of that
 executable's argument + output + temp - alias bytes plus the train state that stays in HBM
@@ -141,7 +143,7 @@ def summarize(arm_plan, compiled: dict[str, CompiledPlan], *, target: dict,
     executables = {
         name: executable_plan(compiled[name], arm_plan.calls_per_step.get(name, 0),
                               sum(resident[p] for p in arm_plan.held.get(name, ())))
-        for name in arm_plan.executables}
+        for name in compiled}
     running = {n: e for n, e in executables.items() if e.calls_per_step}
     planned = {n: e.argument + e.output + e.temp - e.alias + e.held_bytes
                for n, e in running.items()}
@@ -185,7 +187,8 @@ def plan_cell(run, phases) -> Record:
     phases.end("build")
     cache = Path(run.plan_cache) if run.plan_cache else None
     compiled = {name: compile_for_plan(lowered, arm_plan.compiler_options, described, cache)
-                for name, lowered in arm_plan.executables.items()}
+                for name, lowered in arm_plan.executables.items()
+                if arm_plan.calls_per_step.get(name, 0)}
     phases.end("compile")
     if run.plan_hlo_dir:
         directory = Path(run.plan_hlo_dir)

@@ -49,6 +49,18 @@ LOCKFILE = Path("/tmp/libtpu_lockfile")
 MULTIPLE_LOAD_ENV = "ALLOW_MULTIPLE_LIBTPU_LOAD"
 
 
+PLAN_PROCESS_BYTES = 8 * 2**30
+"""Host memory one plan process may take: a qwen3-8b seq-1024 cell peaked at 1.0-1.2 GiB RSS
+here, and `parity plan` is held to <= 8 GiB per process."""
+
+
+def default_jobs() -> int:
+    """Plans side by side by default: one per core, as many as host memory holds at
+    `PLAN_PROCESS_BYTES` each (2 on a 2-core 24 GiB machine), at least 1."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(1, min(os.cpu_count() or 1, memory // PLAN_PROCESS_BYTES))
+
+
 def libtpu_path() -> Path:
     path = Path(os.environ.get(LIBTPU_ENV) or DEFAULT_LIBTPU)
     if not path.is_file():

@@ -22,7 +22,12 @@ COMMANDS = {
     "ab": ["ab", "HEAD", "HEAD", "--allow-dirty", *CELL, "--slices", "2"],
     "nightly": ["nightly", *CELL, "--rounds", "1"],
     "launch": ["launch", "-n", "2", "--", *CELL],
+    # Two plans side by side (harness.pool): a stop reaches the thread waiting on each.
+    "plan": ["plan", "--arms", "native,engine", "--preset", "tiny", "--seq", "16", "--batch",
+             "8", "--jobs", "2", "--no-plan-cache"],
 }
+WORKERS = {"plan": 2}
+"""Cell workers a command runs at once (1 where not named)."""
 CLEANUP_S = 10
 
 
@@ -79,7 +84,9 @@ def _wait_for(predicate, timeout_s: float, what: str):
     (command, sig) for command in ("run", "ab") for sig in (
         signal.SIGTERM, signal.SIGKILL, signal.SIGINT)] + [("nightly", signal.SIGINT),
                                                           ("nightly", signal.SIGHUP),
-                                                          ("launch", signal.SIGKILL)],
+                                                          ("launch", signal.SIGKILL),
+                                                          ("plan", signal.SIGINT),
+                                                          ("plan", signal.SIGTERM)],
     ids=lambda v: v.name if isinstance(v, signal.Signals) else v)
 def test_a_killed_parent_leaves_no_worker_temp_dir_or_worktree(tmp_path, command, sig):
     tmp = tmp_path / "tmp"
@@ -91,8 +98,10 @@ def test_a_killed_parent_leaves_no_worker_temp_dir_or_worktree(tmp_path, command
                             text=True, cwd=REPO, preexec_fn=_default_sigint)
     marker = str(tmp)  # the workers' TMPDIR, and so in their command line
     try:
-        _wait_for(lambda: any(_is_worker(process) for process in
-                              _processes_mentioning(marker).values()), 120, "a cell worker")
+        workers = WORKERS.get(command, 1)
+        _wait_for(lambda: sum(_is_worker(process) for process in
+                              _processes_mentioning(marker).values()) >= workers, 120,
+                  f"{workers} cell workers")
         proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=CLEANUP_S)
         _wait_for(lambda: not _processes_mentioning(marker), CLEANUP_S,

@@ -66,6 +66,13 @@ def test_failing_cells_are_recorded_and_the_grid_completes(tmp_path):
     assert ok.memory.heap_reserved_bytes == 0  # glibc's defaults: no heap kept to reserve
 
 
+def test_only_plans_run_side_by_side(tmp_path):
+    cells = expand({**TINY, "arms": ["native", "engine"]})
+    with pytest.raises(ValueError, match="only plans run side by side; a timed cell runs alone"):
+        run_grid(cells, tmp_path, env=_env(), timeout_s=60, jobs=2)
+    assert not list(tmp_path.glob("*.jsonl"))
+
+
 def test_rounds_load_their_programs_and_shapes_share_one_reference(tmp_path):
     """Round 1 of a cell loads every program round 0 compiled (the cell's own persistent
     cache) and gets the same executables: equal compiled cost and planned memory. The second

@@ -45,6 +45,7 @@ def _refused(proc, tmp_path, message):
     (["--target", "v5e"], "give a TPU topology GENERATION:AxB[xC] with GENERATION one of"),
     (["--target-slices", "0"], "--target-slices 0: give at least 1 slice"),
     (["--rounds", "2"], "--rounds 2: a plan is deterministic"),
+    (["--jobs", "0"], "--jobs 0: give at least 1 cell at a time"),
 ])
 def test_bad_plan_options_exit_2_before_libtpu_is_loaded(tmp_path, args, message):
     start = time.monotonic()

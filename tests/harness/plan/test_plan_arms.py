@@ -107,3 +107,14 @@ def test_a_cell_that_cannot_fit_is_oom_and_the_suite_exits_1(tmp_path):
     assert records[8192].error.reason == "oom"
     assert "exceeds available HBM" in records[8192].error.message
     assert pathlib.Path(tmp_path / "out").is_dir()
+
+
+def test_an_executable_no_step_calls_is_not_compiled(tmp_path):
+    """MaxText's engine lowers its accumulating kernel at GA 1 too, with 0 calls per step:
+    it adds nothing to a step's figures, so the planner does not compile it."""
+    ga1 = [*SHAPE]
+    ga1[ga1.index("--ga") + 1] = "1"
+    records = plan_arms(tmp_path, ["maxtext-engine"], *ga1)
+    p = records["maxtext-engine"].plan
+    assert set(p.executables) == {"fwd_bwd", "update"}
+    assert {n: e.calls_per_step for n, e in p.executables.items()} == {"fwd_bwd": 1, "update": 1}
