@@ -204,7 +204,8 @@ class Grid:
         def on_record(index, record):
             self.finished += 1
             bar.update(1)
-            tqdm.write(f"[{started}/{total}] {console.cell_line(record, finished)}",
+            # Counted by ends: cells planned side by side end in another order than they start
+            tqdm.write(f"[{self.finished}/{total}] {console.cell_line(record, finished)}",
                        file=sys.stdout)
             finished.append(record)
             sys.stdout.flush()
