@@ -232,8 +232,6 @@ class Grid:
         allowed to load libtpu beside the others."""
         from harness import runner
 
-        if jobs < 1:
-            raise ValueError(f"--jobs {jobs}: give at least 1")
         env = self.env
         if jobs > 1:
             from harness.plan.target import MULTIPLE_LOAD_ENV
