@@ -134,8 +134,7 @@ class Grid:
         self.run_id = run_id or runner.new_run_id()
         self.path = runner.results_path(out, self.run_id, self.options.get("name"))
         results.check_appendable(self.path)
-        self.env, self.environment = runner.cell_environment(self.options.get("cpu_devices"),
-                                                              timed=target is None)
+        self.env, self.environment = runner.cell_environment(self.options.get("cpu_devices"))
         available = {**self.environment,
                      "device_count": self.environment["device_count"] * processes}
         planned = {}

@@ -58,7 +58,7 @@ def cpu_env(cpu_devices: int | None, base: dict | None = None) -> dict[str, str]
 
 HOST_MALLOC = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0",
                "MALLOC_TRIM_THRESHOLD_": str(2**32 - 1)}
-"""glibc settings for timed cells on the CPU backend: freed memory stays in the process.
+"""glibc settings for cells on the CPU backend: freed memory stays in the process.
 
 XLA's CPU runtime mallocs each execution's temp buffer and frees it when the execution ends.
 By default glibc serves a request over 32 MiB with a fresh mmap, gives each worker thread an
@@ -70,17 +70,13 @@ off: one arena, no mmap, no trim (all three are needed; any two leave the faults
 is a resident set that stays at its high-water mark."""
 
 
-def cell_environment(cpu_devices: int | None,
-                     timed: bool = True) -> tuple[dict[str, str], dict]:
+def cell_environment(cpu_devices: int | None) -> tuple[dict[str, str], dict]:
     """(env, environment): the variables cells run with and the environment they will
-    record (from one `probe`). Timed cells on the CPU backend get HOST_MALLOC, unless `env`
-    sets a glibc malloc variable already: a user's own allocator settings are kept, and
-    recorded. Plan cells (`timed=False`) execute nothing, so they keep glibc's defaults:
-    XLA:TPU compiles on many threads, and one arena for all of them costs a plan a quarter
-    of its compile time (qwen3-0.6b s1024 engine-fused: 58 s against 45 s)."""
+    record (from one `probe`). On the CPU backend `env` carries HOST_MALLOC, unless it sets
+    a glibc malloc variable already: a user's own allocator settings are kept, and recorded."""
     env = cpu_env(cpu_devices)
     environment = probe(env)
-    if timed and environment["backend"] == "cpu" and not host_malloc(env):
+    if environment["backend"] == "cpu" and not host_malloc(env):
         env.update(HOST_MALLOC)
     environment["host_malloc"] = host_malloc(env)
     return env, environment

@@ -15,7 +15,7 @@ from harness import results
 from harness.environment import host_malloc
 from harness.grid import expand, load_suite, suite_names
 from harness.measure import RESERVE_PER_EXECUTION
-from harness.runner import HOST_MALLOC, cell_environment, cpu_env, run_grid
+from harness.runner import HOST_MALLOC, cpu_env, run_grid
 from reports.record import Failure, Record
 
 PLUGIN = "tests.harness.fault_arms"
@@ -303,15 +303,6 @@ for _ in range(9):
 temp = measure.executable_memory(arm.executables()["fwd_bwd_accumulate"]).temp
 print(json.dumps([temp, faults[3:]]))
 """
-
-
-def test_plan_cells_keep_glibcs_malloc_defaults():
-    """HOST_MALLOC is for cells that execute on the CPU; a plan cell only compiles, on many
-    threads, which one arena slows (harness.runner.cell_environment)."""
-    env, environment = cell_environment(None, timed=False)
-    assert not host_malloc(env) and environment["host_malloc"] == ""
-    env, environment = cell_environment(None)
-    assert environment["host_malloc"] == host_malloc(HOST_MALLOC) == host_malloc(env)
 
 
 def test_cpu_cells_keep_freed_temp_memory_so_a_step_faults_no_pages_in():

@@ -29,7 +29,6 @@ def test_every_arm_plans_through_its_own_step(planned):
     for arm, record in records.items():
         p = record.plan
         assert record.ok and p.device_kind == "TPU7x" and p.device_count == 8, arm
-        assert record.environment.host_malloc == ""  # a plan compiles under glibc's defaults
         assert p.fits and p.hbm_capacity_bytes > 2**35  # tens of GiB per TPU7x device
         running = {n: e for n, e in p.executables.items() if e.calls_per_step}
         assert p.peak_executable in running
