@@ -172,25 +172,30 @@ def _page_figure(site, target="timing"):
 
 @pytest.mark.slow
 def test_nightly_publish_marks_a_planted_slowdown_on_its_cells_page(tmp_path):
-    """Two real CPU nights of the tiny cell, then a third with every native step slowed by
-    2x its own time (PARITY_TEST_SLOWDOWN=2.0): the site after the third marks that run as
-    a regression on the cell's page, at the third run's time."""
+    """A real CPU night of the tiny cell (the baseline), then a second with every native
+    step slowed by 2x its own time (PARITY_TEST_SLOWDOWN=2.0): the site after the second
+    marks that run, and only it, as a regression on the cell's page, at its time.
+
+    Only the planted slowdown is compared: two unslowed nights on a loaded 2-core box can
+    differ by 50% or more, which the rule rightly calls slower, so a test that needed them
+    to agree would be a timed test with a race."""
     history, site = tmp_path / "history", tmp_path / "site"
-    for night in range(2):
-        proc = _nightly(history, site)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert f"site: {site}/index.html (1 cells, {night + 1} runs" in proc.stdout
+    proc = _nightly(history, site)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "first run (baseline)" in proc.stdout
+    assert f"site: {site}/index.html (1 cells, 1 runs" in proc.stdout
     proc = _nightly(history, site, PARITY_TEST_SLOWDOWN="2.0")
     assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"site: {site}/index.html (1 cells, 2 runs" in proc.stdout
     print(proc.stdout)
     row = next(line for line in proc.stdout.splitlines() if line.startswith("| native"))
     assert "| regression |" in row
     records = results.read_dir(history)
-    third = max({r.run_id for r in records})
-    third_time = min(r.timestamp for r in records if r.run_id == third)
+    slowed = max({r.run_id for r in records})
+    slowed_time = min(r.timestamp for r in records if r.run_id == slowed)
     figure = _page_figure(site)
     marked = next(t for t in figure["data"] if t["name"] == "regression")
-    assert len(marked["x"]) == 1 and marked["x"][0] == third_time.replace("T", " ")[:19]
+    assert len(marked["x"]) == 1 and marked["x"][0] == slowed_time.replace("T", " ")[:19]
     # The site's verdict is the one nightly printed: the same ratio and CI.
     ratio_ci = row.split("|")[6].strip()  # e.g. '2.736 [1.819, 4.796]'
     assert f"slower: {ratio_ci.replace(' [', 'x [')}" in marked["hovertext"][0], (
