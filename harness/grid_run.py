@@ -134,7 +134,8 @@ class Grid:
         self.run_id = run_id or runner.new_run_id()
         self.path = runner.results_path(out, self.run_id, self.options.get("name"))
         results.check_appendable(self.path)
-        self.env, self.environment = runner.cell_environment(self.options.get("cpu_devices"))
+        self.env, self.environment = runner.cell_environment(self.options.get("cpu_devices"),
+                                                             planning=target is not None)
         available = {**self.environment,
                      "device_count": self.environment["device_count"] * processes}
         planned = {}

@@ -70,13 +70,22 @@ off: one arena, no mmap, no trim (all three are needed; any two leave the faults
 is a resident set that stays at its high-water mark."""
 
 
-def cell_environment(cpu_devices: int | None) -> tuple[dict[str, str], dict]:
+def cell_environment(cpu_devices: int | None, *,
+                     planning: bool = False) -> tuple[dict[str, str], dict]:
     """(env, environment): the variables cells run with and the environment they will
-    record (from one `probe`). On the CPU backend `env` carries HOST_MALLOC, unless it sets
-    a glibc malloc variable already: a user's own allocator settings are kept, and recorded."""
+    record (from one `probe`). On the CPU backend `env` carries HOST_MALLOC; cells that
+    plan (`planning`: they compile for a TPU target and run nothing) preload mimalloc
+    instead (harness.plan.target.compile_env). A user's own allocator settings (a glibc
+    malloc variable, a preloaded malloc) are kept either way, and recorded."""
     env = cpu_env(cpu_devices)
     environment = probe(env)
-    if environment["backend"] == "cpu" and not host_malloc(env):
+    if host_malloc(env):
+        pass  # the user's own allocator
+    elif planning:
+        from harness.plan.target import compile_env
+
+        env = compile_env(env)
+    elif environment["backend"] == "cpu":
         env.update(HOST_MALLOC)
     environment["host_malloc"] = host_malloc(env)
     return env, environment

@@ -383,11 +383,18 @@ class Environment:
     """What two records must share to be compared (git sha and dirtiness are what A/B
     varies; python and host are informational)."""
 
-    def comparable_key(self) -> tuple:
-        """The COMPARABLE values as canonical JSON (dict key order never matters)."""
+    PLAN_COMPARABLE: typing.ClassVar[tuple[str, ...]] = tuple(
+        k for k in COMPARABLE if k != "host_malloc")
+    """What two plans must share: a plan is the compiler's output for the target, the same
+    to the byte whichever allocator the host compiled it with (harness.plan.target)."""
+
+    def comparable_key(self, plan: bool = False) -> tuple:
+        """The COMPARABLE (for a `plan`, PLAN_COMPARABLE) values as canonical JSON (dict key
+        order never matters)."""
         import json
 
-        return tuple(json.dumps(getattr(self, k), sort_keys=True) for k in self.COMPARABLE)
+        names = self.PLAN_COMPARABLE if plan else self.COMPARABLE
+        return tuple(json.dumps(getattr(self, k), sort_keys=True) for k in names)
 
 
 @_section
@@ -452,9 +459,10 @@ class Record:
     def cell_key(self) -> tuple:
         """Records with equal keys measured the same work the same way in comparable
         environments: their samples may be pooled or compared."""
-        env = self.environment.comparable_key() if self.environment else None
+        plan = bool(self.run and self.run.plan_target)
+        env = self.environment.comparable_key(plan) if self.environment else None
         run = None
-        if self.run and self.run.plan_target:  # a plan: its target, not how it would be run
+        if plan:  # a plan: its target, not how it would be run
             run = ("plan", self.run.plan_target, self.run.plan_slices, self.run.plan_libtpu)
         elif self.run:
             run = (self.run.steps, self.run.warmup,

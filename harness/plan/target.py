@@ -26,6 +26,7 @@ import os
 import re
 import struct
 import sys
+import sysconfig
 import warnings
 from pathlib import Path
 
@@ -47,6 +48,24 @@ GENERATIONS = ("v4", "v5e", "v5p", "v6e", "tpu7x")
 
 LOCKFILE = Path("/tmp/libtpu_lockfile")
 MULTIPLE_LOAD_ENV = "ALLOW_MULTIPLE_LIBTPU_LOAD"
+
+
+MIMALLOC = Path(sysconfig.get_paths()["purelib"]) / "cmeel.prefix" / "lib" / "libmimalloc.so.3"
+"""mimalloc's shared library, from the pinned `cmeel-mimalloc` wheel."""
+
+
+def compile_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` with mimalloc preloaded in place of glibc's malloc, for the processes that
+    compile plans (harness.runner.cell_environment; it keeps a user's own allocator).
+
+    XLA:TPU's compile is allocation-bound on the host: glibc's malloc took 13% of a
+    qwen3-0.6b plan's samples, and with mimalloc the same compile took 25% less CPU time
+    (78-90 s against 102-106 s per plan, two plans side by side on 2 cores). The plan itself
+    is the same to the byte (memory analysis and optimized HLO; tests/harness/plan). Without
+    the wheel, `env` is returned as it is (the record's host_malloc says which ran)."""
+    if not MIMALLOC.exists():
+        return dict(env)
+    return {**env, "LD_PRELOAD": " ".join(filter(None, (str(MIMALLOC), env.get("LD_PRELOAD"))))}
 
 
 PLAN_PROCESS_BYTES = 8 * 2**30

@@ -221,12 +221,13 @@ def _first(records: Iterable[Record]) -> Record:
     return next(iter(records))
 
 
-def _env_diff(old: Environment | None, new: Environment | None) -> list[str]:
-    """What differs between two environments in the fields records are compared by."""
+def _env_diff(old: Environment | None, new: Environment | None, plan: bool) -> list[str]:
+    """What differs between two environments in the fields records (`plan`: plans) are
+    compared by."""
     if old is None or new is None:
         return [] if old is new else ["environment recorded on one side only"]
     found = []
-    for name in Environment.COMPARABLE:
+    for name in Environment.PLAN_COMPARABLE if plan else Environment.COMPARABLE:
         a, b = getattr(old, name), getattr(new, name)
         if name == "versions":
             found += [f"{pkg} {a.get(pkg) or 'absent'} -> {b.get(pkg) or 'absent'}"
@@ -243,7 +244,8 @@ def _quoted(value: str) -> str:
 
 def _key_diff(old: Record, new: Record) -> list[str]:
     """Why two records of one dashboard cell have different keys (are not compared)."""
-    found = _env_diff(old.environment, new.environment)
+    found = _env_diff(old.environment, new.environment,
+                      plan=bool(new.run and new.run.plan_target))
     if old.config_hash != new.config_hash:
         found.append(f"config {old.config_hash} -> {new.config_hash} (the cell's spec or "
                      "options changed)")
@@ -308,7 +310,8 @@ def _named(views: list[RunView]) -> list[RunView]:
 
 def _changes(timed: list[RunView], plans: list[RunView]) -> list[Change]:
     """Environment changes along every run of the cell (timed and plan runs of one night
-    share their environment: one marker), and config or option changes within each kind."""
+    share their environment: one marker), and config, option or (for timed runs) allocator
+    changes within each kind: plans compile under their own allocator."""
     found: list[Change] = []
     merged = sorted([*timed, *plans], key=lambda v: (v.time, v.run_id))
     previous = None
@@ -317,7 +320,7 @@ def _changes(timed: list[RunView], plans: list[RunView]) -> list[Change]:
         if env is None:  # a run that died before recording one: nothing to compare
             continue
         if previous is not None:
-            diff = _env_diff(previous, env)
+            diff = _env_diff(previous, env, plan=True)  # the fields both kinds share
             if diff:
                 found.append(Change(time=view.time, text="; ".join(diff)))
         previous = env
@@ -325,7 +328,7 @@ def _changes(timed: list[RunView], plans: list[RunView]) -> list[Change]:
         for before, after in itertools.pairwise(views):
             a, b = _first(before.records), _first(after.records)
             if a.cell_key()[:3] != b.cell_key()[:3]:
-                env = _env_diff(a.environment, b.environment)
+                env = _env_diff(a.environment, b.environment, plan=True)  # marked above
                 # A plan's libtpu is its environment's where libtpu is installed: one change.
                 diff = [d for d in _key_diff(a, b) if d not in env and not (
                     d.startswith("plan_libtpu ") and any(e.startswith("libtpu ") for e in env))]

@@ -282,6 +282,29 @@ def test_env_prints_the_environment():
     assert host_malloc({"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX2"}) == ""
     assert host_malloc({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1", "HOME": "/"}) == (
         "GLIBC_TUNABLES=glibc.malloc.hugetlb=1")
+    # A preloaded malloc is an allocator setting; another preloaded library is not.
+    assert host_malloc({"LD_PRELOAD": "/x/libjemalloc.so.2:/y/libfoo.so"}) == (
+        "LD_PRELOAD=libjemalloc.so.2")
+    assert host_malloc({"LD_PRELOAD": "/y/libfoo.so"}) == ""
+
+
+def test_plan_processes_run_on_mimalloc():
+    """compile_env's preload takes effect: the process maps mimalloc before it loads
+    anything, and the process's `malloc` is mimalloc's."""
+    from harness.plan.target import MIMALLOC, compile_env
+
+    env = compile_env(_env())
+    assert host_malloc(env) == "LD_PRELOAD=libmimalloc.so.3"
+    probe = ("import ctypes; libc = ctypes.CDLL(None); "
+             f"print(open('/proc/self/maps').read().count({MIMALLOC.name!r}) > 0, "
+             "ctypes.cast(libc.malloc, ctypes.c_void_p).value == "
+             f"ctypes.cast(ctypes.CDLL({str(MIMALLOC)!r}).malloc, ctypes.c_void_p).value)")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split()
+    assert out == ["True", "True"]
+    out = subprocess.run([sys.executable, "-c", probe], env=_env(), capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split()
+    assert out == ["False", "False"]  # without it: not mapped until the probe loads it
 
 
 # The split engine at GA 4 (tiny, seq 256, batch 32: a 76 MiB fwd_bwd temp buffer, executed 4

@@ -97,3 +97,19 @@ def test_cell_key_ignores_dict_order_and_the_git_sha():
     assert other.cell_key() == record.cell_key()
     other.environment.versions["jax"] = "0.0.1"
     assert other.cell_key() != record.cell_key()
+
+
+def test_the_host_allocator_keys_timed_records_but_not_plans():
+    """A timed cell's allocator changes its timings (harness.runner.HOST_MALLOC); a plan is
+    the compiler's output, the same whatever malloc the host compiled it with."""
+    from tests.reports.site import synthetic
+
+    records = synthetic.nightly_history(nights=1, arms=("native",), presets=("qwen3-8b",),
+                                        gas=(1,), seed=0, steps=4)
+    plan = next(r for r in records if r.run.plan_target)
+    timed = next(r for r in records if not r.run.plan_target)
+    for record in (plan, timed):
+        other = Record.from_json(record.to_json())
+        other.environment.host_malloc = "MALLOC_ARENA_MAX=1"
+        assert other.environment.host_malloc != record.environment.host_malloc
+        assert (other.cell_key() == record.cell_key()) == (record is plan)

@@ -127,8 +127,8 @@ def plan_arms(out: pathlib.Path, arms: list[str], *args: str) -> dict:
     return {r.arm: r for r in read_dir(out)}
 
 
-def _planned(arm: str, out: pathlib.Path, run_id: str, *extra: str):
-    proc = plan("--arms", arm, *TINY, *extra, "--out", str(out), "--run-id", run_id)
+def _planned(arm: str, out: pathlib.Path, run_id: str, *extra: str, env=None):
+    proc = plan("--arms", arm, *TINY, *extra, "--out", str(out), "--run-id", run_id, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (record,) = read_dir(out / f"{run_id}.jsonl")
     return record
@@ -136,9 +136,11 @@ def _planned(arm: str, out: pathlib.Path, run_id: str, *extra: str):
 
 @pytest.fixture(scope="module")
 def native_plans(tmp_path_factory):
-    """`native` planned twice into one --out: compiled, then read from the plan cache."""
+    """`native` planned twice into one --out: compiled (its HLO saved), then read from the
+    plan cache."""
     out = tmp_path_factory.mktemp("native")
-    return out, _planned("native", out, "cold"), _planned("native", out, "warm")
+    return (out, _planned("native", out, "cold", "--save-hlo"),
+            _planned("native", out, "warm"))
 
 
 @pytest.mark.slow  # a TPU compile of each arm's step (~30 s each on 2 cores)
@@ -187,3 +189,23 @@ def test_a_plan_read_from_the_plan_cache_is_the_compiled_one(native_plans):
         for field in ("planned_peak_bytes", "xla_peak_bytes", "resident_bytes",
                       "hbm_bytes_per_step", "flops_per_step", "collective_bytes_per_step"):
             assert getattr(plan_, field) == getattr(cold, field), field
+
+
+@pytest.mark.slow  # a third TPU compile of the step
+def test_a_plan_compiled_on_mimalloc_is_glibcs_to_the_byte(native_plans, tmp_path):
+    """Plan processes preload mimalloc (harness.plan.target.compile_env); a user's own glibc
+    setting keeps glibc's malloc. Each compiles the same plan: every memory figure and the
+    optimized HLO text equal, and the two records are one cell to compare."""
+    out, cold, _ = native_plans
+    glibc = _planned("native", tmp_path, "glibc", "--no-plan-cache", "--save-hlo",
+                     env={"MALLOC_ARENA_MAX": "2"})
+    assert cold.environment.host_malloc == "LD_PRELOAD=libmimalloc.so.3"
+    assert glibc.environment.host_malloc == "MALLOC_ARENA_MAX=2"
+    (mine,), (theirs,) = (list(d.rglob("step.hlo.txt")) for d in (out, tmp_path))
+    assert mine.read_text() == theirs.read_text()
+    a, b = cold.plan.executables["step"], glibc.plan.executables["step"]
+    assert not a.cached and not b.cached
+    for field in ("argument", "output", "alias", "temp", "peak_memory_in_bytes",
+                  "host_temp", "hbm_bytes", "flops", "collective_bytes"):
+        assert getattr(a, field) == getattr(b, field), field
+    assert glibc.cell_key() == cold.cell_key()

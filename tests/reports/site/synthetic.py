@@ -257,6 +257,8 @@ def nightly_history(*, nights: int = 365, arms=ARMS, presets=PRESETS, gas=GAS,
                 records.append(record)
         if plans:
             plan_id = _run_id(clock + datetime.timedelta(seconds=5), 5000 + night)
+            # plans compile under their own allocator (harness.plan.target.compile_env)
+            plan_env = dataclasses.replace(env, host_malloc="LD_PRELOAD=libmimalloc.so.3")
             for arm, preset, ga in cells:
                 spec = _spec(preset, ga)
                 peak_add = sum(e.peak_add for e in _active(planted, night, arm, preset, ga))
@@ -267,7 +269,7 @@ def nightly_history(*, nights: int = 365, arms=ARMS, presets=PRESETS, gas=GAS,
                     spec=spec, config_hash=_config_hash(arm, spec, True),
                     run=RunOptions(steps=steps, warmup=WARMUP, trace=False, trace_steps=0,
                                    parity=False, plan_target="tpu7x:2x2x1", plan_libtpu=libtpu),
-                    timestamp=clock.isoformat(), wall_s=60.0, environment=env,
+                    timestamp=clock.isoformat(), wall_s=60.0, environment=plan_env,
                     plan=_plan(arm, preset, ga, peak_add, libtpu)))
     return records
 

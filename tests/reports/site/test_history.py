@@ -97,6 +97,8 @@ def test_an_environment_change_starts_a_new_baseline_and_is_named(histories):
     # one marker per change, shared by the timed and plan runs of that night
     assert sum("libtpu 0.0.31 -> 0.0.32" in t for t in texts) == 1
     assert any("xla_flags" in t for t in texts)
+    # plans compile under mimalloc, timed runs not: no marker, as no plan figure changes
+    assert not any("host_malloc" in t for t in texts)
 
 
 def test_medians_and_cis_are_the_stats_modules(histories):
