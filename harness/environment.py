@@ -48,11 +48,11 @@ def versions() -> dict[str, str | None]:
 
 def host_malloc(env: dict[str, str]) -> str:
     """The allocator settings in `env`, as `K=V K=V`: glibc's `MALLOC_*` variables,
-    `GLIBC_TUNABLES` where it sets a `glibc.malloc` tunable, and `LD_PRELOAD` as the file
-    names of the malloc libraries it preloads (jemalloc, tcmalloc, mimalloc). The runner
-    records them for the variables it starts cells with (harness.runner.cell_environment,
-    run_grid)."""
-    found = {k: v for k, v in env.items() if k.startswith("MALLOC_")
+    `GLIBC_TUNABLES` where it sets a `glibc.malloc` tunable, mimalloc's `MIMALLOC_*`, and
+    `LD_PRELOAD` as the file names of the malloc libraries it preloads (jemalloc, tcmalloc,
+    mimalloc). The runner records them for the variables it starts cells with
+    (harness.runner.cell_environment, run_grid)."""
+    found = {k: v for k, v in env.items() if k.startswith(("MALLOC_", "MIMALLOC_"))
              or (k == "GLIBC_TUNABLES" and "glibc.malloc." in v)}
     preloaded = [os.path.basename(p) for p in env.get("LD_PRELOAD", "").replace(":", " ").split()
                  if "malloc" in os.path.basename(p)]

@@ -54,18 +54,27 @@ MIMALLOC = Path(sysconfig.get_paths()["purelib"]) / "cmeel.prefix" / "lib" / "li
 """mimalloc's shared library, from the pinned `cmeel-mimalloc` wheel."""
 
 
+COMPILE_MALLOC = {"MIMALLOC_PURGE_DELAY": "-1", "MIMALLOC_ARENA_EAGER_COMMIT": "1"}
+"""mimalloc's settings for a compile: memory freed stays in the process (never purged back
+to the OS) and arenas are committed whole, so the compile's churn of short-lived objects
+stops costing page faults; the price is a resident set at its high-water mark."""
+
+
 def compile_env(env: dict[str, str]) -> dict[str, str]:
-    """`env` with mimalloc preloaded in place of glibc's malloc, for the processes that
-    compile plans (harness.runner.cell_environment; it keeps a user's own allocator).
+    """`env` with mimalloc preloaded in place of glibc's malloc, with COMPILE_MALLOC, for the
+    processes that compile plans (harness.runner.cell_environment keeps a user's own
+    allocator instead).
 
     XLA:TPU's compile is allocation-bound on the host: glibc's malloc took 13% of a
-    qwen3-0.6b plan's samples, and with mimalloc the same compile took 25% less CPU time
-    (78-90 s against 102-106 s per plan, two plans side by side on 2 cores). The plan itself
-    is the same to the byte (memory analysis and optimized HLO; tests/harness/plan). Without
+    qwen3-0.6b plan's samples. One qwen3-8b seq-4096 plan took 218 s of CPU with glibc's
+    malloc, 185 s with mimalloc and 171 s with mimalloc and COMPILE_MALLOC; two qwen3-0.6b
+    plans side by side on 2 cores took 78-90 s each instead of 102-106 s. The plan itself is
+    the same to the byte (memory analysis and optimized HLO; tests/harness/plan). Without
     the wheel, `env` is returned as it is (the record's host_malloc says which ran)."""
     if not MIMALLOC.exists():
         return dict(env)
-    return {**env, "LD_PRELOAD": " ".join(filter(None, (str(MIMALLOC), env.get("LD_PRELOAD"))))}
+    return {**env, **COMPILE_MALLOC,
+            "LD_PRELOAD": " ".join(filter(None, (str(MIMALLOC), env.get("LD_PRELOAD"))))}
 
 
 PLAN_PROCESS_BYTES = 8 * 2**30

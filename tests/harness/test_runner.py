@@ -294,7 +294,8 @@ def test_plan_processes_run_on_mimalloc():
     from harness.plan.target import MIMALLOC, compile_env
 
     env = compile_env(_env())
-    assert host_malloc(env) == "LD_PRELOAD=libmimalloc.so.3"
+    assert host_malloc(env) == (
+        "LD_PRELOAD=libmimalloc.so.3 MIMALLOC_ARENA_EAGER_COMMIT=1 MIMALLOC_PURGE_DELAY=-1")
     probe = ("import ctypes; libc = ctypes.CDLL(None); "
              f"print(open('/proc/self/maps').read().count({MIMALLOC.name!r}) > 0, "
              "ctypes.cast(libc.malloc, ctypes.c_void_p).value == "

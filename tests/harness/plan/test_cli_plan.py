@@ -199,7 +199,8 @@ def test_a_plan_compiled_on_mimalloc_is_glibcs_to_the_byte(native_plans, tmp_pat
     out, cold, _ = native_plans
     glibc = _planned("native", tmp_path, "glibc", "--no-plan-cache", "--save-hlo",
                      env={"MALLOC_ARENA_MAX": "2"})
-    assert cold.environment.host_malloc == "LD_PRELOAD=libmimalloc.so.3"
+    assert cold.environment.host_malloc == (
+        "LD_PRELOAD=libmimalloc.so.3 MIMALLOC_ARENA_EAGER_COMMIT=1 MIMALLOC_PURGE_DELAY=-1")
     assert glibc.environment.host_malloc == "MALLOC_ARENA_MAX=2"
     (mine,), (theirs,) = (list(d.rglob("step.hlo.txt")) for d in (out, tmp_path))
     assert mine.read_text() == theirs.read_text()
