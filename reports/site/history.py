@@ -327,7 +327,7 @@ def _changes(timed: list[RunView], plans: list[RunView]) -> list[Change]:
     for views in (timed, plans):
         for before, after in itertools.pairwise(views):
             a, b = _first(before.records), _first(after.records)
-            if a.cell_key()[:3] != b.cell_key()[:3]:
+            if a.cell_key() != b.cell_key():
                 env = _env_diff(a.environment, b.environment, plan=True)  # marked above
                 # A plan's libtpu is its environment's where libtpu is installed: one change.
                 diff = [d for d in _key_diff(a, b) if d not in env and not (

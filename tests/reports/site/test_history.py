@@ -132,3 +132,20 @@ def test_skipping_the_ci_never_changes_a_verdict():
         assert (quick.low is None) == (0.95 < full.ratio < 1.05)
         if quick.low is not None:
             assert dataclasses.asdict(quick) == dataclasses.asdict(full)
+
+
+def test_a_timed_allocator_change_is_marked_once():
+    """Timed runs are keyed by their allocator: a change of it starts a new baseline and is
+    one marker; plans (keyed without it) are not told apart by it."""
+    records = synthetic.nightly_history(nights=4, arms=("native",), presets=("qwen3-8b",),
+                                        gas=(4,), seed=3, steps=STEPS)
+    last = max(r.run_id for r in records if not r.run.plan_target)
+    for r in records:
+        if r.run_id == last:
+            r.environment = dataclasses.replace(r.environment, host_malloc="MALLOC_ARENA_MAX=1")
+    (history,) = (cell_history(cid, group, threshold=0.05)
+                  for cid, group in by_cell(records).items())
+    texts = [c.text for c in history.changes]
+    assert sum("host_malloc (none) -> 'MALLOC_ARENA_MAX=1'" in t for t in texts) == 1, texts
+    assert history.timed[-1].verdict == NOT_COMPARABLE
+    assert "host_malloc" in history.timed[-1].why
