@@ -54,8 +54,8 @@ def host_malloc(env: dict[str, str]) -> str:
     (harness.runner.cell_environment, run_grid)."""
     found = {k: v for k, v in env.items() if k.startswith(("MALLOC_", "MIMALLOC_"))
              or (k == "GLIBC_TUNABLES" and "glibc.malloc." in v)}
-    preloaded = [os.path.basename(p) for p in env.get("LD_PRELOAD", "").replace(":", " ").split()
-                 if "malloc" in os.path.basename(p)]
+    names = (os.path.basename(p) for p in env.get("LD_PRELOAD", "").replace(":", " ").split())
+    preloaded = [name for name in names if "malloc" in name]
     if preloaded:
         found["LD_PRELOAD"] = ",".join(preloaded)
     return " ".join(f"{k}={v}" for k, v in sorted(found.items()))

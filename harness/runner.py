@@ -79,14 +79,13 @@ def cell_environment(cpu_devices: int | None, *,
     malloc variable, a preloaded malloc) are kept either way, and recorded."""
     env = cpu_env(cpu_devices)
     environment = probe(env)
-    if host_malloc(env):
-        pass  # the user's own allocator
-    elif planning:
-        from harness.plan.target import compile_env
+    if not host_malloc(env):  # else the user's own allocator is kept
+        if planning:
+            from harness.plan.target import compile_env
 
-        env = compile_env(env)
-    elif environment["backend"] == "cpu":
-        env.update(HOST_MALLOC)
+            env = compile_env(env)
+        elif environment["backend"] == "cpu":
+            env.update(HOST_MALLOC)
     environment["host_malloc"] = host_malloc(env)
     return env, environment
 

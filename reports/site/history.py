@@ -244,8 +244,7 @@ def _quoted(value: str) -> str:
 
 def _key_diff(old: Record, new: Record) -> list[str]:
     """Why two records of one dashboard cell have different keys (are not compared)."""
-    found = _env_diff(old.environment, new.environment,
-                      plan=bool(new.run and new.run.plan_target))
+    found = _env_diff(old.environment, new.environment, plan=kind(new) == PLANNED)
     if old.config_hash != new.config_hash:
         found.append(f"config {old.config_hash} -> {new.config_hash} (the cell's spec or "
                      "options changed)")

@@ -15,7 +15,7 @@ from harness import results
 from harness.environment import host_malloc
 from harness.grid import expand, load_suite, suite_names
 from harness.measure import RESERVE_PER_EXECUTION
-from harness.runner import HOST_MALLOC, cpu_env, run_grid
+from harness.runner import HOST_MALLOC, cell_environment, cpu_env, run_grid
 from reports.record import Failure, Record
 
 PLUGIN = "tests.harness.fault_arms"
@@ -286,6 +286,17 @@ def test_env_prints_the_environment():
     assert host_malloc({"LD_PRELOAD": "/x/libjemalloc.so.2:/y/libfoo.so"}) == (
         "LD_PRELOAD=libjemalloc.so.2")
     assert host_malloc({"LD_PRELOAD": "/y/libfoo.so"}) == ""
+
+
+def test_plan_cells_get_mimalloc_and_timed_cpu_cells_host_malloc():
+    """harness.runner.cell_environment picks the allocator by what the cells do, and records
+    the one it picked."""
+    from harness.plan.target import compile_env
+
+    env, environment = cell_environment(None, planning=True)
+    assert environment["host_malloc"] == host_malloc(env) == host_malloc(compile_env({}))
+    env, environment = cell_environment(None)
+    assert environment["host_malloc"] == host_malloc(env) == host_malloc(HOST_MALLOC)
 
 
 def test_plan_processes_run_on_mimalloc():
