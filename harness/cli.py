@@ -466,7 +466,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(sys.argv[1:] if argv is None else argv)
-    except KeyboardInterrupt:  # before any cell ran (in the imports): nothing to keep
+    except (KeyboardInterrupt, ImportError) as err:  # before any cell ran: nothing to keep
+        # A Ctrl-C while a C extension initializes (jaxlib's) arrives as an ImportError
+        # raised from the KeyboardInterrupt; any other ImportError is a real one.
+        if isinstance(err, ImportError) and not isinstance(err.__cause__, KeyboardInterrupt):
+            raise
         print("\nparity: interrupted (SIGINT)", file=sys.stderr)
         return 130
 

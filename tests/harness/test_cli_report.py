@@ -147,3 +147,28 @@ def test_a_ragged_peft_run_is_a_parity_fail_everywhere_and_strict_parity_exits_1
     assert main(["report", str(out), "-o", str(tmp_path / "parity.md")]) == 0
     summary = (tmp_path / "parity.md").read_text().split("<details>")[0]
     assert "**FAIL**" in summary and "mean of micro-batch means" in summary
+
+
+def test_a_ctrl_c_inside_an_extensions_init_is_an_interrupt(monkeypatch, capsys):
+    """jaxlib's C extension turns a KeyboardInterrupt in its init into an ImportError raised
+    from it: that is a Ctrl-C (exit 130, one line); any other ImportError is raised."""
+    import pytest
+
+    from harness import cli
+
+    def interrupted(argv):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as stop:
+            raise ImportError("Encountered an error while initializing the extension.") from stop
+
+    monkeypatch.setattr(cli, "_main", interrupted)
+    assert cli.main(["run"]) == 130
+    assert capsys.readouterr().err == "\nparity: interrupted (SIGINT)\n"
+
+    def broken(argv):
+        raise ImportError("no module named x")
+
+    monkeypatch.setattr(cli, "_main", broken)
+    with pytest.raises(ImportError, match="no module named x"):
+        cli.main(["run"])
