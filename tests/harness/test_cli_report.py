@@ -69,6 +69,10 @@ def test_a_report_stopped_midway_leaves_the_old_report_or_nothing(tmp_path, monk
 _SIGINT_ON_IMPORT = """
 import importlib.abc, os, signal, sys
 
+# Ctrl-C in a terminal raises KeyboardInterrupt even where this test's runner ignores SIGINT
+# (a background job inherits SIG_IGN, which Python would keep).
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 class SigintOn(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name == sys.argv[1]:
