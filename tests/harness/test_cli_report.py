@@ -91,7 +91,6 @@ def test_a_ctrl_c_while_the_command_imports_is_one_line(tmp_path, module):
     """SIGINT while `parity run` imports (JAX for the grid's parser, the arms' modules, the
     runner): exit 130 with one line, no traceback and no record."""
     import os
-    import signal
     import subprocess
     import sys
     from pathlib import Path
