@@ -4,6 +4,7 @@ flag overrides, an absent baseline is one clear line and exit 2, --embed-images 
 import pytest
 
 from harness.cli import main
+from tests.harness.cli_helpers import parity_cli
 from tests.reports.helpers import RESULTS, fixture_records, write
 
 
@@ -64,8 +65,9 @@ def test_a_report_stopped_midway_leaves_the_old_report_or_nothing(tmp_path, monk
     assert not list(tmp_path.rglob(".parity-report-*"))
 
 
-# A child that sends itself SIGINT the moment it starts importing `module`: the signal lands
-# at a chosen point of `parity run`'s start, every time, rather than wherever a sleep ends.
+# A child that sends itself SIGINT the moment it starts importing $SIGINT_ON_IMPORT: the
+# signal lands at a chosen point of `parity run`'s start, every time, rather than wherever a
+# sleep ends.
 _SIGINT_ON_IMPORT = """
 import importlib.abc, os, signal, sys
 
@@ -75,14 +77,14 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 
 class SigintOn(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name == sys.argv[1]:
+        if name == os.environ["SIGINT_ON_IMPORT"]:
             sys.meta_path.remove(self)
             os.kill(os.getpid(), signal.SIGINT)
         return None
 
 sys.meta_path.insert(0, SigintOn())
 from harness.cli import main
-sys.exit(main(sys.argv[2:]))
+sys.exit(main(sys.argv[1:]))
 """
 
 
@@ -90,19 +92,12 @@ sys.exit(main(sys.argv[2:]))
 def test_a_ctrl_c_while_the_command_imports_is_one_line(tmp_path, module):
     """SIGINT while `parity run` imports (JAX for the grid's parser, the arms' modules, the
     runner): exit 130 with one line, no traceback and no record."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, PYTHONPATH=str(repo), JAX_PLATFORMS="cpu")
-    proc = subprocess.run(
-        [sys.executable, "-c", _SIGINT_ON_IMPORT, module, "run", "--arms", "native",
-         "--preset", "tiny", "--out", str(tmp_path / "out")],
-        env=env, capture_output=True, text=True, timeout=120)
+    out = tmp_path / "out"
+    proc = parity_cli("run", "--arms", "native", "--preset", "tiny", "--out", str(out),
+                      prelude=_SIGINT_ON_IMPORT, timeout=120, SIGINT_ON_IMPORT=module,
+                      JAX_PLATFORMS="cpu")
     assert (proc.returncode, proc.stderr) == (130, "\nparity: interrupted (SIGINT)\n")
-    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.jsonl"))
+    assert not list(out.rglob("*.jsonl"))
 
 
 @pytest.mark.parametrize(("change", "field"), [
@@ -136,22 +131,13 @@ def test_a_ragged_peft_run_is_a_parity_fail_everywhere_and_strict_parity_exits_1
     """PeftTrainer at GA=4 on ragged micro-batches averages micro-batch means: the cell runs
     (status ok) but fails gradient parity in its start/end lines, the run's closing line and
     the report's summary; with --strict-parity the run exits 1 for it."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     from harness import results
 
-    repo = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, PYTHONPATH=str(repo), JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
     out = tmp_path / "results"
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "run", "--arms", "peft-decoder", "--preset",
-         "tiny", "--seq", "16", "--batch", "8", "--ga", "4", "--ragged", "30,4,20,2",
-         "--steps", "2", "--warmup", "1", "--strict-parity", "--out", str(out)],
-        env=env, capture_output=True, text=True, timeout=300)
+    proc = parity_cli("run", "--arms", "peft-decoder", "--preset", "tiny", "--seq", "16",
+                      "--batch", "8", "--ga", "4", "--ragged", "30,4,20,2", "--steps", "2",
+                      "--warmup", "1", "--strict-parity", "--out", str(out),
+                      JAX_PLATFORMS="cpu")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (record,) = results.read_dir(out)
     assert record.ok  # it ran: the exit status is the parity FAIL's
@@ -169,8 +155,6 @@ def test_a_ragged_peft_run_is_a_parity_fail_everywhere_and_strict_parity_exits_1
 def test_a_ctrl_c_inside_an_extensions_init_is_an_interrupt(monkeypatch, capsys):
     """jaxlib's C extension turns a KeyboardInterrupt in its init into an ImportError raised
     from it: that is a Ctrl-C (exit 130, one line); any other ImportError is raised."""
-    import pytest
-
     from harness import cli
 
     def interrupted(argv):
