@@ -2,9 +2,10 @@
 
 What is decided comes first. Per shape:
 1. the exact comparisons against the baseline, each a ratio that needs no CI: bytes accessed
-   per step, planned peak (largest executable), executions per step, compiled FLOPs per model
-   FLOP and, where `parity plan` planned the same shape, the target's planned peak, HBM and
-   collective bytes per step;
+   per step, planned peak (largest executable), program calls per step (the executables the
+   arm calls; a traced window's different count of device executions beside it), compiled
+   FLOPs per model FLOP and, where `parity plan` planned the same shape, the target's
+   planned peak, HBM and collective bytes per step;
 2. gradient parity as PASS / FAIL with rel_l2, the tolerance and a FAIL's known cause
    (`reports.parity`);
 3. timing: every arm's median and speedup with the CI and verdict of the one statistics rule
@@ -42,7 +43,7 @@ from reports.work import different_work
 EXACT = [  # (column, header, format of one value)
     ("bytes_accessed_per_step", "bytes accessed/step", lambda v: f"{v / 2**20:.1f} MiB"),
     ("planned_bytes", "planned peak (largest executable)", lambda v: f"{v / 2**20:.1f} MiB"),
-    ("executions_per_step", "executions/step", lambda v: f"{v:.0f}"),
+    ("executions_per_step", "program calls/step", lambda v: f"{v:.0f}"),
     ("flops_per_model_flop", "compiled/model FLOPs", lambda v: f"{v:.3f}"),
 ]
 PLANNED = [  # the same, from a `parity plan` record of the same arm and shape
@@ -69,6 +70,18 @@ def _exact_cell(row, base, column, fmt) -> str:
     return fmt(mine) + ratio
 
 
+def _calls_cell(row, base) -> str:
+    """The arm's program calls per step (ratio to the baseline's), and where a traced window
+    counted a different number of device executions per step, that count: a trainer that
+    runs small programs of its own around its kernels (MaxText's engine) calls 2 but
+    executes 20 at GA 1, and the first figure alone would read as the device's."""
+    text = _exact_cell(row, base, "executions_per_step", lambda v: f"{v:.0f}")
+    calls, traced = _value(row, "executions_per_step"), _value(row, "trace_executions")
+    if traced is not None and traced != calls:
+        text += f" [{traced:.0f} in trace]"
+    return text
+
+
 def _plan_of(plans: pd.DataFrame | None, row):
     """The ok plan record of this arm at this shape, or None."""
     if plans is None or plans.empty:
@@ -87,7 +100,8 @@ def exact(frame: pd.DataFrame, baseline_arm: str, plans: pd.DataFrame | None = N
     for _, r in frame.iterrows():
         base_rows = same_shape(frame, r, baseline_arm)
         base = base_rows.iloc[0] if not base_rows.empty else None
-        cells = [_exact_cell(r, base, c, f) for c, _, f in EXACT]
+        cells = [_calls_cell(r, base) if c == "executions_per_step"
+                 else _exact_cell(r, base, c, f) for c, _, f in EXACT]
         if target:
             plan, base_plan = _plan_of(plans, r), (None if base is None
                                                    else _plan_of(plans, base))
@@ -214,7 +228,10 @@ def summary(df: pd.DataFrame, baseline_arm: str, how: str = "",
         "**Exact comparisons** (deterministic for given code and versions: no CI is "
         "needed; ratio to the baseline in brackets). Bytes, planned peak and FLOPs are "
         "XLA's figures for the compiled step on this backend, loops counted as they run; "
-        "figures \"on\" a target are its compiler's plan (`parity plan`), not a measurement.",
+        "figures \"on\" a target are its compiler's plan (`parity plan`), not a measurement. "
+        "Program calls/step counts the executables the arm calls per optimizer step; "
+        "\"[N in trace]\" follows where the traced window saw N device executions per step "
+        "instead.",
         exact(frame, baseline_arm, plans) if len(frame) else "No timed cells.",
         "**Gradient parity**: rel_l2 of the gradient the optimizer saw vs the exact sum/sum "
         "gradient; an arm that fails is still timed, but its time is not comparable work.",

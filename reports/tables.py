@@ -255,7 +255,7 @@ def cost(df: pd.DataFrame) -> str:
                    for _, r in frame.iterrows() if r["cost_unavailable"]]
     text = markdown(["shape", "arm", "model GFLOP/step", "compiled GFLOP/step per device",
                      "compiled x devices / model", "bytes accessed/step", "model TFLOP/s", "MFU",
-                     "executions/step", "compiles"], rows,
+                     "program calls/step", "compiles"], rows,
                     why={"MFU": "needs model FLOPs and the device's peak FLOP/s",
                          "compiles": "not in these records"})
     if unavailable:

@@ -1,6 +1,8 @@
 """The summary: fastest arm per shape, speedups with CI and verdict, parity PASS / FAIL,
 instability and failed cells."""
 
+import dataclasses
+
 from reports.records import to_frame
 from reports.summary import summary
 from tests.reports.helpers import fixture_records, with_rounds
@@ -41,6 +43,24 @@ def test_the_fixture_summary_leads_with_exact_figures_and_names_no_fastest_on_no
     assert "**Failed cells: 4**" in text
     assert ("- tiny s32 b4 ga2 float32 test-raise: exception: RuntimeError: injected failure "
             "in step") in text
+
+
+def test_program_calls_show_the_traced_executions_where_they_differ():
+    # An arm that runs programs of its own beside the kernels it calls (MaxText's engine: 2
+    # calls, 20 device executions at GA 1): the summary gives both, the calls' ratio as before.
+    records = []
+    for record in fixture_records():
+        if record.ok and record.arm == "engine" and record.trace:
+            trace = dataclasses.replace(record.trace, executions_per_step=[
+                n + 18 for n in record.trace.executions_per_step])
+            record = dataclasses.replace(record, trace=trace)
+        records.append(record)
+    exact = summary(to_frame(records), "native").split("**Gradient parity**")[0]
+    assert "| program calls/step |" in exact
+    assert "| tiny s16 b4 ga1 float32 | engine | 3.1 MiB (1.40x) | 2 (2.00x) [20 in trace] |" \
+        in exact
+    assert "|  | native | 2.2 MiB (1.00x) | 1 (1.00x) |" in exact  # equal counts: one figure
+    assert exact.count(" in trace] |") == 4  # the four engine cells, nothing else
 
 
 def _six_rounds(medians):
