@@ -70,16 +70,15 @@ def _exact_cell(row, base, column, fmt) -> str:
     return fmt(mine) + ratio
 
 
-def _calls_cell(row, base) -> str:
-    """The arm's program calls per step (ratio to the baseline's), and where a traced window
-    counted a different number of device executions per step, that count: a trainer that
-    runs small programs of its own around its kernels (MaxText's engine) calls 2 but
-    executes 20 at GA 1, and the first figure alone would read as the device's."""
-    text = _exact_cell(row, base, "executions_per_step", lambda v: f"{v:.0f}")
-    calls, traced = _value(row, "executions_per_step"), _value(row, "trace_executions")
-    if traced is not None and traced != calls:
-        text += f" [{traced:.0f} in trace]"
-    return text
+def _traced_note(row, column) -> str:
+    """' [20 in trace]' after the program calls per step where a traced window counted a
+    different number of device executions per step: a trainer that runs small programs of
+    its own around its kernels (MaxText's engine) calls 2 but executes 20 at GA 1, and the
+    first figure alone would read as the device's. '' for every other column."""
+    if column != "executions_per_step":
+        return ""
+    calls, traced = _value(row, column), _value(row, "trace_executions")
+    return f" [{traced:.0f} in trace]" if traced is not None and traced != calls else ""
 
 
 def _plan_of(plans: pd.DataFrame | None, row):
@@ -100,8 +99,7 @@ def exact(frame: pd.DataFrame, baseline_arm: str, plans: pd.DataFrame | None = N
     for _, r in frame.iterrows():
         base_rows = same_shape(frame, r, baseline_arm)
         base = base_rows.iloc[0] if not base_rows.empty else None
-        cells = [_calls_cell(r, base) if c == "executions_per_step"
-                 else _exact_cell(r, base, c, f) for c, _, f in EXACT]
+        cells = [_exact_cell(r, base, c, f) + _traced_note(r, c) for c, _, f in EXACT]
         if target:
             plan, base_plan = _plan_of(plans, r), (None if base is None
                                                    else _plan_of(plans, base))
