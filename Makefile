@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 
 # libtpu (the TPU compiler: XLA's TPU7x plans without a chip) goes outside the import path,
 # into $(VENV)/libtpu: importable, it makes JAX look for TPU chips in every process.
-# harness.tpu_plan loads it on request.
+# harness.xla.target loads it on request.
 $(STAMP): pyproject.toml requirements.lock
 	@test -n "$(PY)" || { echo "make: Python 3.12 not found; install it (e.g. 'pyenv install \
 	3.12.1') or pass PY=/path/to/python3.12" >&2; exit 1; }
@@ -44,6 +44,7 @@ PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
 
 test: $(STAMP) browser
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(PYTEST) -m "not slow" --durations=15
 
 # The site test (tests/reports/site/test_browser.py) opens `parity publish`'s pages in
@@ -65,6 +66,7 @@ test-slow: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) .pytest_cache parity-out

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 
 import optax
 
@@ -119,10 +117,6 @@ class CellSpec:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-    def config_hash(self) -> str:
-        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
 
     @classmethod
     def from_dict(cls, data: dict) -> CellSpec:

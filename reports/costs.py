@@ -21,7 +21,7 @@ METRICS: dict[str, tuple[str, Callable[[Record], float | None]]] = {
     "planned_peak_bytes": ("B", lambda r: r.memory and r.memory.planned_bytes),
     "executions_per_step": ("", lambda r: r.timing and r.timing.executions_per_step),
     "compiles": ("", lambda r: r.timing and r.timing.compiles),
-    # A plan's figures for its target (harness.plan): per device, exact for given versions.
+    # A plan's figures for its target (harness.cell.plan): per device, exact for given versions.
     "plan_peak_bytes": ("B", lambda r: r.plan and r.plan.planned_peak_bytes),
     "plan_resident_bytes": ("B", lambda r: r.plan and sum(r.plan.resident_bytes.values())),
     "plan_hbm_bytes_per_step": ("B", lambda r: r.plan and r.plan.hbm_bytes_per_step),

@@ -10,7 +10,8 @@ from pathlib import Path
 import pandas as pd
 
 from reports import baseline, plan, plots, stats, summary, tables
-from reports.records import read_dir, to_frame
+from reports.frame import to_frame
+from reports.record import read_dir
 
 
 def details(title: str, *body: str) -> str:

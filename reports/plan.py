@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.lines import Line2D
 
-from reports.plots import WIDTH, _grouped_bars, _legend, _save, colours
+from reports.plots import WIDTH, colours, grouped_bars, legend, save
 from reports.tables import MISSING, by_shape, markdown, ok, same_shape, shape_label
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
@@ -106,8 +106,8 @@ def peak_bars(df: pd.DataFrame, path: Path) -> Path:
         v = row["plan_peak"]
         return None if v is None or pd.isna(v) else (float(v) / 2**30, None, None)
 
-    _grouped_bars(ax, frame, arms, value, colour, fmt=lambda v: f"{v:.2f}",
-                  hatch_failing=False)
+    grouped_bars(ax, frame, arms, value, colour, fmt=lambda v: f"{v:.2f}",
+                 hatch_failing=False)
     extra = ()
     capacity = frame["plan_capacity"].dropna()
     if not capacity.empty:
@@ -121,11 +121,11 @@ def peak_bars(df: pd.DataFrame, path: Path) -> Path:
     ax.set_ylabel("GiB per device")
     ax.set_ylim(bottom=0)
     ax.grid(axis="y", alpha=0.3)
-    _legend(ax, arms, colour, any_failing=False, extra=extra)
+    legend(ax, arms, colour, any_failing=False, extra=extra)
     target = frame["plan_target"].iloc[0] if len(frame) else "?"
     ax.set_title(f"Planned peak HBM per device on {target} (XLA's plan, not a measurement)")
     fig.tight_layout()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def section(df: pd.DataFrame, image_dir: Path, prefix: str, baseline_arm: str,

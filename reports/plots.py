@@ -27,7 +27,7 @@ DPI = 110
 FAIL_HATCH = "//"
 
 
-def _save(fig, path: Path) -> Path:
+def save(fig, path: Path) -> Path:
     """Writes the figure as a PNG whose `Title` text chunk is the figure's drawn title (its
     suptitle, else its first axes' title); a figure without one is an error."""
     title = fig.get_suptitle() or next((ax.get_title() for ax in fig.axes if ax.get_title()),
@@ -58,7 +58,7 @@ def _cell(frame: pd.DataFrame, arm: str, label: str):
     return None
 
 
-def _legend(ax, arms: list[str], colour: dict, any_failing: bool, extra: tuple = ()) -> None:
+def legend(ax, arms: list[str], colour: dict, any_failing: bool, extra: tuple = ()) -> None:
     """One plain patch per arm (a bar's own hatch would mislead in the legend), then `extra`
     handles and, if any bar is hatched, what the hatch means."""
     handles = [Patch(facecolor=colour[a], edgecolor="black", label=a) for a in arms]
@@ -75,8 +75,8 @@ def _mib(value: float) -> str:
     return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
 
 
-def _grouped_bars(ax, frame: pd.DataFrame, arms: list[str], value, colour: dict, *,
-                  fmt: Callable[[float], str], hatch_failing: bool) -> bool:
+def grouped_bars(ax, frame: pd.DataFrame, arms: list[str], value, colour: dict, *,
+                 fmt: Callable[[float], str], hatch_failing: bool) -> bool:
     """Bars of `value(row)` ((height, low, high) or None) per shape (groups) and arm
     (colours), each labelled with `fmt(height)`; with `hatch_failing`, the bars of
     cells failing gradient parity are hatched. Returns whether any bar was hatched."""
@@ -141,18 +141,18 @@ def speedups(df: pd.DataFrame, path: Path, baseline_arm: str) -> Path:
         c = speedup(frame, row, baseline_arm)
         return None if c is None else (c.ratio, c.low, c.high)
 
-    any_failing = _grouped_bars(ax, frame, arms, value, colour, fmt="{:.2f}".format,
-                                 hatch_failing=True)
+    any_failing = grouped_bars(ax, frame, arms, value, colour, fmt="{:.2f}".format,
+                                hatch_failing=True)
     line = ax.axhline(1.0, color="black", linestyle="--", linewidth=1.2,
                       label=f"{baseline_arm}\n(baseline, 1.00x)")
-    _legend(ax, arms, colour, any_failing, (line,))
+    legend(ax, arms, colour, any_failing, (line,))
     _mark_failing_baseline(ax, frame, baseline_arm)
     ax.set_ylim(bottom=0)
     ax.set_ylabel(f"speedup vs {baseline_arm} (x; above 1 = faster)")
     ax.set_title(f"Speedup vs {baseline_arm}: median ms/step ratio with 95% CI "
                  "(reports.stats)")
     ax.grid(axis="y", alpha=0.3)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def step_time_distribution(df: pd.DataFrame, path: Path) -> Path:
@@ -187,7 +187,7 @@ def step_time_distribution(df: pd.DataFrame, path: Path) -> Path:
         ax.set_visible(False)
     fig.suptitle("Step-time distribution (untraced; every timed step of every round)")
     fig.tight_layout()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def sweep(df: pd.DataFrame, path: Path) -> Path | None:
@@ -209,7 +209,7 @@ def sweep(df: pd.DataFrame, path: Path) -> Path | None:
     ax.set_title("Median step time vs sequence length (solid GA 1, dashed GA > 1)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def memory_bars(df: pd.DataFrame, path: Path) -> Path:
@@ -228,13 +228,13 @@ def memory_bars(df: pd.DataFrame, path: Path) -> Path:
             v = row[column]
             return None if v is None or pd.isna(v) else (float(v) / 2**20, None, None)
 
-        _grouped_bars(ax, frame, arms, value, colour, fmt=_mib, hatch_failing=False)
+        grouped_bars(ax, frame, arms, value, colour, fmt=_mib, hatch_failing=False)
         ax.set_ylabel("MiB per device")
         ax.set_ylim(bottom=0)
         ax.set_title(title, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
-    _legend(axes[0, 0], arms, colour, any_failing=False)
+    legend(axes[0, 0], arms, colour, any_failing=False)
     fig.suptitle("Memory per arm and shape (MiB)")
     fig.tight_layout()
-    return _save(fig, path)
+    return save(fig, path)
 

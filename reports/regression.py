@@ -1,8 +1,8 @@
 """The nightly regression rule: one run of a cell against its comparable history.
 
-`parity nightly` (harness.regression.against_history) judges each new cell with `judge`, and
-`parity publish` (reports.site) judges every past run of a history with the same function,
-so the dashboard's verdicts are the ones the nightly printed.
+`parity nightly` judges each new cell against the history with `against_history`, and
+`parity publish` (reports.site) judges every past run of a history with `judge`, the rule
+both apply, so the dashboard's verdicts are the ones the nightly printed.
 
 The statistics are `reports.stats` (the one rule) and the cell matching and cost diff are
 `reports.compare` and `reports.costs`. A run regresses when its timing is slower than the last
@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from reports import costs, stats
-from reports.compare import Cell, CellComparison, compare_cells
+from reports.compare import Cell, CellComparison, cells, compare_cells
 from reports.record import Record
 
 BASELINE_RUNS = 5
@@ -56,3 +56,16 @@ def judge(cell: Cell, same: Sequence[Record], *, threshold: float,
     row = dataclasses.replace(row, cost_changes=costs.changes(latest, cell.ok))
     regressed = row.verdict == stats.SLOWER or bool(costs.increases(row.cost_changes))
     return NightlyRow(cell, REGRESSION if regressed else OK, row, baseline)
+
+
+def against_history(new: Sequence[Record], history: Sequence[Record], *,
+                    threshold: float) -> list[NightlyRow]:
+    """Classifies each new cell against the comparable history (other run ids)."""
+    run_ids = {r.run_id for r in new}
+    past = [h for h in history if h.ok and h.run_id not in run_ids]
+    rows = []
+    for cell in cells(new):
+        same = sorted((h for h in past if h.cell_key() == cell.key),
+                      key=lambda h: (h.timestamp or "", h.round))
+        rows.append(judge(cell, same, threshold=threshold))
+    return rows

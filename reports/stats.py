@@ -416,7 +416,7 @@ def machine_warnings(probes: Sequence[Sequence[float]], steals: Sequence[float |
     """'The machine was noisy' warnings for one cell's runs, from readings no arm's code can
     change: other processes busy for more than `MAX_OTHER_LOAD` of the machine's CPU during
     a run; hypervisor steal above `MAX_STEAL`; and the fixed-work probe
-    (harness.measure.probe_ms), whose fastest reading of each run disagrees across runs by
+    (harness.measure.timing.probe_ms), whose fastest reading of each run disagrees across runs by
     more than `MAX_PROBE_SPREAD` when the machine's speed changed between them."""
     found = []
     busiest = max((x for x in other_loads if x is not None), default=None)

@@ -22,7 +22,8 @@ import pytest
 
 # Tests compile the same tiny programs many times (every engine test builds a fresh engine);
 # XLA's persistent cache serves the repeats. The harness's cells never see this one: each
-# arm of a run gets a cache of its own, shared only by that arm's cells (harness.runner.cell_store).
+# arm of a run gets a cache of its own, shared only by that arm's cells
+# (harness.store.layout.RunStore).
 # `make test` runs two pytest-xdist workers on one cache. JAX locks the cache (a file lock
 # around each read and write) only when it may evict entries, so a size limit is set: without
 # the lock, a worker could read an entry the other is still writing.

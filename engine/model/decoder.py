@@ -248,13 +248,13 @@ def build_decoder(config: DecoderConfig, *, seed: int = 0, mesh: Mesh | None = N
                   rules: LogicalRules = LOGICAL_AXIS_RULES) -> Decoder:
     """A freshly initialized decoder, its variables already laid out on `mesh` if given.
 
-    Initialization is one compiled program (see `_initializer`); with a mesh the parameters'
+    Initialization is one compiled program (see `initializer`); with a mesh the parameters'
     shardings are its `out_shardings`, so each device materializes only its own shards (no
     full copy on one device first).
     """
     if mesh is not None:
         check_fits(config, mesh)
-    graph, init = _initializer(config, seed, mesh, rules)
+    graph, init = initializer(config, seed, mesh, rules)
     return nnx.merge(graph, init())
 
 
@@ -269,7 +269,7 @@ def abstract_decoder(config: DecoderConfig, mesh: Mesh,
 
 
 @functools.lru_cache(maxsize=4)
-def _initializer(config: DecoderConfig, seed: int, mesh: Mesh | None,
+def initializer(config: DecoderConfig, seed: int, mesh: Mesh | None,
                  rules: LogicalRules) -> tuple[nnx.GraphDef, jax.stages.Compiled]:
     """(graph, compiled init) of one decoder, kept so a second model with the same weights
     and layout (e.g. the parity reference beside an arm) costs no second compile.

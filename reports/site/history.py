@@ -18,12 +18,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-import re
 from collections.abc import Iterable, Sequence
 
 from reports import costs, stats
 from reports.compare import Cell
-from reports.record import Environment, Record
+from reports.record import Environment, Record, path_safe
 from reports.regression import BASELINE_RUNS, FAILED, FIRST, REGRESSION, NightlyRow, judge
 
 OK, REGRESSED, IMPROVED, BROKEN, NOT_COMPARABLE = (
@@ -70,7 +69,7 @@ class CellId:
     @property
     def slug(self) -> str:
         """A file name for the cell's page (unique per cell)."""
-        return _slug(f"{self.arm}-{shape_slug(self.shape)}")
+        return path_safe(f"{self.arm}-{shape_slug(self.shape)}")
 
 
 def shape_name(shape: tuple) -> str:
@@ -80,11 +79,7 @@ def shape_name(shape: tuple) -> str:
 
 def shape_slug(shape: tuple) -> str:
     preset, seq, batch, ga, dtype, mesh, backend = shape
-    return _slug(f"{preset}-s{seq}-b{batch}-ga{ga}-{dtype}-m{mesh}-{backend}")
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
+    return path_safe(f"{preset}-s{seq}-b{batch}-ga{ga}-{dtype}-m{mesh}-{backend}")
 
 
 def cell_id(record: Record) -> CellId | None:

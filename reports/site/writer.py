@@ -29,7 +29,7 @@ from reports.site.history import CellHistory, CellId, by_cell, cell_history, sli
 MARKER = ".parity-site"
 """The file naming a directory as a site `publish` wrote (it may replace it)."""
 DEFAULT_THRESHOLD = 0.05
-"""The nightly's default relative slowdown (harness.cli.Nightly)."""
+"""The nightly's default relative slowdown (harness.jobs.nightly.THRESHOLD)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -104,7 +104,7 @@ def test_peft_steps_run_the_executable_it_analyses_on_the_batch_sharding_of_ever
 
     from arms.peft import DATA_AXES
     from engine.model import batch_sharding
-    from harness.worker import CompileCounter
+    from harness.cell.phases import CompileCounter
 
     spec = CellSpec(preset="tiny", seq=16, batch=16, ga=2, mesh="fsdp=8")
     arm = make_arm("peft-decoder", spec)

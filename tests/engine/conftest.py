@@ -42,13 +42,14 @@ def traced_executions(engine, step_fn, steps=3) -> list[int]:
     independent of the engine's own call counter."""
     import jax
 
-    from harness import trace
+    from harness.contract import STEP_ANNOTATION
+    from harness.measure import trace
 
     step_fn()  # warm: anything lazily created on the first step is not counted
     engine.block()
     with trace.capture() as directory:
         for i in range(steps):
-            with jax.profiler.StepTraceAnnotation(trace.STEP_NAME, step_num=i):
+            with jax.profiler.StepTraceAnnotation(STEP_ANNOTATION, step_num=i):
                 step_fn()
                 engine.block()
     return [s.executions for s in trace.parse_steps(trace.find_xplane(directory))]

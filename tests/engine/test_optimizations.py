@@ -20,7 +20,7 @@ from arms.workload import TokenCrossEntropy, exact_gradient, rel_l2
 from engine.kernels import MicroBatchMetrics
 from engine.metrics import MetricsRecorder
 from engine.model import build_decoder, get_preset, make_mesh
-from harness.plan import hlo
+from harness.xla import counts, hlo
 from tests.engine.conftest import bytes_per_device, ragged_batches, traced_executions
 
 
@@ -269,7 +269,7 @@ def test_hbm_bytes_is_xla_bytes_accessed_where_there_is_no_on_chip_memory(engine
         compiled = engine.kernels["update"].compiled
         assert "conditional(" in compiled.as_text()
         xla = compiled.cost_analysis()["bytes accessed"]
-        assert abs(hlo.hbm_bytes(compiled.as_text()) - xla) <= 4096 < xla / 100
+        assert abs(counts.hbm_bytes(compiled.as_text()) - xla) <= 4096 < xla / 100
 
 
 def test_item09_metric_write_is_deferred_past_the_next_dispatch(engine_factory, monkeypatch):
@@ -420,7 +420,6 @@ def test_item14_the_fused_step_compiles_to_the_native_program_but_for_scalars(de
 
     from arms.registry import make_arm
     from arms.spec import CellSpec
-    from harness.plan import hlo
 
     counts = {}
     for arm in ("engine-fused", "native"):

@@ -6,8 +6,8 @@ import pathlib
 
 import pytest
 
-from harness.plan import hlo
-from tests.harness.plan.test_cli_plan import plan_arms
+from harness.xla import hlo, loops
+from tests.harness.cli.test_cli_plan import plan_arms
 
 pytestmark = pytest.mark.slow
 
@@ -107,7 +107,7 @@ def test_the_fused_accumulation_copies_no_parameter_sized_buffer_per_micro_batch
     shards = _param_shard_shapes(text)
     assert len(shards) >= 7  # the scanned layers' weights and norms, the embedding, the head
     (loop,) = [i for i in module.computations[module.entry] if i.opcode == "while"
-               and hlo.trip_count(module, i) == 2]
+               and loops.trip_count(module, i) == 2]
     reached, todo = set(), [loop.callees()["body"]]
     while todo:
         name = todo.pop()

@@ -10,7 +10,7 @@ import json
 import sys
 
 from engine.model import make_mesh
-from harness.plan import hlo, target
+from harness.xla import counts, target
 from tests.engine.conftest import bytes_per_device, make_engine, ragged_batches
 
 
@@ -30,7 +30,7 @@ def plan(mesh: str) -> dict:
         refusal = str(err)
     param_bytes = bytes_per_device(engine.params)
     return {"mesh": mesh, "kernels": sorted(plans), "param_bytes": param_bytes,
-            "update_hbm_bytes": hlo.hbm_bytes(update),
+            "update_hbm_bytes": counts.hbm_bytes(update),
             "update_xla_bytes": plans["update"].cost_analysis()["bytes accessed"],
             "update_stages_through_vmem": "S(1)" in update, "other_mesh_refused": refusal}
 

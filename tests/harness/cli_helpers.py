@@ -9,12 +9,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
+def cli_env(**extra: str) -> dict[str, str]:
+    """This process's environment with the repository on the path, no XLA_FLAGS and
+    `extra`."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), **extra)
+    env.pop("XLA_FLAGS", None)
+    return env
+
+
 def parity_cli(*args: str, prelude: str | None = None, timeout: float = 300,
                **env: str) -> subprocess.CompletedProcess:
     """`python -m harness.cli ARGS`; with `prelude`, `python -c PRELUDE ARGS` instead, for a
     test that must act inside the process before it calls `harness.cli.main(sys.argv[1:])`."""
-    full_env = dict(os.environ, PYTHONPATH=str(REPO), **env)
-    full_env.pop("XLA_FLAGS", None)
+    full_env = cli_env(**env)
     launcher = ["-c", prelude] if prelude else ["-m", "harness.cli"]
     return subprocess.run([sys.executable, *launcher, *args], env=full_env,
                           capture_output=True, text=True, timeout=timeout)

@@ -35,7 +35,7 @@ class _Faulty(NativeArm):
             os.kill(os.getpid(), signal.SIGKILL)
         if self.fault == "kill-zygote":  # the zygote that forked this worker dies
             with open(f"/proc/{os.getppid()}/cmdline", "rb") as cmdline:
-                if b"harness.zygote" not in cmdline.read():
+                if b"harness.cell.zygote" not in cmdline.read():
                     raise RuntimeError("test-kill-zygote runs only in a worker forked by a "
                                        "zygote (it kills its parent)")
             os.kill(os.getppid(), signal.SIGKILL)

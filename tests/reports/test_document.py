@@ -11,8 +11,9 @@ import pytest
 from PIL import Image
 
 from reports.document import render
+from reports.frame import to_frame
 from reports.plots import DPI
-from reports.records import ResultsError, read_dir, to_frame
+from reports.record import ResultsError, read_dir
 from tests.reports.helpers import FIXTURES, RESULTS, fixture_records, write
 
 SNAPSHOT = FIXTURES / "parity.md"

@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from reports import plots
-from reports.records import to_frame
+from reports.frame import to_frame
 from tests.reports.helpers import fixture_records
 
 
@@ -54,4 +54,4 @@ def test_a_figure_without_a_title_is_refused(tmp_path):
     fig, ax = plt.subplots()
     ax.plot([0, 1])
     with pytest.raises(ValueError, match="needs a title"):
-        plots._save(fig, tmp_path / "untitled.png")
+        plots.save(fig, tmp_path / "untitled.png")

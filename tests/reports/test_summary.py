@@ -3,7 +3,7 @@ instability and failed cells."""
 
 import dataclasses
 
-from reports.records import to_frame
+from reports.frame import to_frame
 from reports.summary import summary
 from tests.reports.helpers import fixture_records, with_rounds
 

@@ -3,7 +3,7 @@
 import dataclasses
 
 from reports import tables
-from reports.records import to_frame
+from reports.frame import to_frame
 from tests.reports.helpers import fixture_records
 
 

@@ -5,9 +5,9 @@ import dataclasses
 
 import pytest
 
-from harness.console import cell_line
+from harness.cli.console import cell_line
+from reports.frame import to_frame
 from reports.record import Cost
-from reports.records import to_frame
 from reports.summary import summary
 from reports.tables import timing
 from reports.work import WORK_TOLERANCE, different_work, flops_per_model_flop, record_ratio

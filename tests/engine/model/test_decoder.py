@@ -145,23 +145,23 @@ def test_qk_norm_scales_act_on_the_logits():
     assert not np.allclose(_logits(model, batch), base, atol=1e-4)
 
 
-def test_a_second_build_with_the_same_layout_reuses_the_compiled_initializer():
+def test_a_second_build_with_the_same_layout_reuses_the_compiledinitializer():
     """The parity reference is built beside the arm's model: same weights, no second compile,
     and no buffer shared with the first model (the arm may donate its params)."""
     from engine.model import build_decoder, make_mesh
-    from engine.model.decoder import _initializer
+    from engine.model.decoder import initializer
 
     config = get_preset("tiny").replace(vocab_size=96)  # a config no other test initializes
     mesh = make_mesh("")
     first = build_decoder(config, seed=3, mesh=mesh)
-    compiles = _initializer.cache_info().misses
+    compiles = initializer.cache_info().misses
     second = build_decoder(config, seed=3, mesh=mesh)
-    assert _initializer.cache_info().misses == compiles
+    assert initializer.cache_info().misses == compiles
     for a, b in zip(jax.tree.leaves(nnx.state(first)), jax.tree.leaves(nnx.state(second)),
                     strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         assert a.unsafe_buffer_pointer() != b.unsafe_buffer_pointer()
     other_seed = build_decoder(config, seed=4, mesh=mesh)
-    assert _initializer.cache_info().misses == compiles + 1
+    assert initializer.cache_info().misses == compiles + 1
     assert not np.array_equal(np.asarray(other_seed.embedding[...]),
                               np.asarray(first.embedding[...]))

@@ -100,7 +100,8 @@ def test_a_minus_one_mesh_axis_takes_every_remaining_device(devices):
 
 
 def test_the_tpu_suite_spans_a_slice_of_any_size():
-    from harness.grid import expand, load_suite
+    from harness.grid.expand import expand
+    from harness.grid.options import load_suite
 
     suite = load_suite("tpu7x-nightly")
     assert suite["mesh"] == "fsdp=-1"

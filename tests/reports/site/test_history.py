@@ -1,13 +1,13 @@
 """The site's verdicts are the nightly's: every run of a synthetic history judged by
-reports.site.history equals what harness.regression.against_history says for that run with
+reports.site.history equals what reports.regression.against_history says for that run with
 the history as it stood when the run ended; the planted events get the verdicts they must."""
 
 import dataclasses
 
 import pytest
 
-from harness.regression import against_history
 from reports import stats
+from reports.regression import against_history
 from reports.site.history import (
     BROKEN,
     IMPROVED,

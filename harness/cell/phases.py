@@ -1,0 +1,110 @@
+"""The start of a cell's process: its phases' clock, joining a multi-process cell, and the
+backend started with the run's compilation cache, from which compiles are counted."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from harness.contract import COMPILE_CACHE, CellRun
+
+
+class Phases:
+    """Wall seconds of each phase of the cell's process, in the order they ran (the record's
+    `phases`): where a cell's time goes, so waste can be found by measuring."""
+
+    def __init__(self, spawned_at: float | None = None):
+        self.seconds: dict[str, float] = {}
+        if spawned_at is not None:
+            self.seconds["start"] = max(0.0, time.time() - spawned_at)
+        self._last = time.perf_counter()
+
+    def end(self, name: str, *, less: dict[str, float] | None = None) -> None:
+        """Ends phase `name` now (its time since the previous phase ended); the seconds in
+        `less` are phases measured inside it, recorded under their own names instead."""
+        now = time.perf_counter()
+        spent = now - self._last
+        for inner, seconds in (less or {}).items():
+            self.seconds[inner] = self.seconds.get(inner, 0.0) + seconds
+            spent -= seconds
+        self.seconds[name] = self.seconds.get(name, 0.0) + max(0.0, spent)
+        self._last = now
+
+
+def init_distributed(run: CellRun) -> None:
+    """Joins the cell's processes before the backend starts (CPU: gloo collectives)."""
+    import jax
+
+    if not run.distributed:
+        return
+    if os.environ.get("JAX_PLATFORMS", "").startswith("cpu"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if run.distributed.get("auto"):
+        jax.distributed.initialize(heartbeat_timeout_seconds=run.heartbeat_s)
+        return
+    jax.distributed.initialize(run.distributed["coordinator"],
+                               num_processes=run.distributed["num_processes"],
+                               process_id=run.distributed["process_id"],
+                               initialization_timeout=120,
+                               heartbeat_timeout_seconds=run.heartbeat_s)
+
+
+def host_gather(tree):
+    """Every process's copy of `tree` gathered to host numpy (one process: device_get)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    from jax.experimental import multihost_utils
+
+    return jax.tree.map(lambda x: multihost_utils.process_allgather(x, tiled=True), tree)
+
+
+def use_compile_cache() -> None:
+    """Points JAX's persistent compilation cache at $PARITY_COMPILE_CACHE (every program,
+    however quick to compile), where one is given. A program
+    loaded from it is the executable a cold compile would build (same cost and memory
+    analysis); only the compile seconds differ, and the record counts the hits."""
+    path = os.environ.get(COMPILE_CACHE)
+    if not path:
+        return
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+class CompileCounter:
+    """Counts backend compiles (cold, or loaded from the persistent compilation cache: JAX
+    reports both as a backend compile) and, of those, the cache hits, through jax.monitoring
+    listeners."""
+
+    def __init__(self):
+        import jax
+
+        self.count = 0
+        self.cache_hits = 0
+        jax.monitoring.register_event_duration_secs_listener(self._on_duration)
+        jax.monitoring.register_event_listener(self._on_event)
+
+    def _on_duration(self, event: str, duration: float, **kwargs) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+
+    def _on_event(self, event: str, **kwargs) -> None:
+        if event == "/jax/compilation_cache/cache_hits":
+            self.cache_hits += 1
+
+
+def start_backend(phases: Phases) -> CompileCounter:
+    """Starts JAX's backend with the run's compilation cache; from here compiles are
+    counted (the returned counter)."""
+    import jax
+
+    use_compile_cache()
+    jax.devices()
+    compiles = CompileCounter()
+    phases.end("backend")
+    return compiles
+

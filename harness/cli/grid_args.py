@@ -1,0 +1,87 @@
+"""The grid commands' arguments (run, plan, nightly, ab, launch), and what they ask for as a
+harness.jobs.grid.Request. The choices offered (arms, losses, optimizers, remat policies,
+suites) are read from the modules that own them."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DTYPES = {"f32": "float32", "bf16": "bfloat16"}
+
+
+def _csv(kind):
+    """An argparse type: comma-separated values of `kind`, each named when it is bad."""
+    names = {int: "a whole number", str: "a name"}
+
+    def parse(text: str) -> list:
+        values = []
+        for item in (x.strip() for x in text.split(",")):
+            if not item:
+                continue
+            try:
+                values.append(kind(item))
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{item!r} is not {names[kind]}") from None
+        return values
+
+    parse.__name__ = f"list of {kind.__name__}"
+    return parse
+
+
+def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
+    from arms.registry import arms_help
+    from arms.spec import OPTIMIZERS
+    from arms.workload import LOSSES
+    from engine.model.config import REMAT_POLICIES
+    from harness.grid import suites
+
+    parser.add_argument("--suite", help=f"named suite ({', '.join(suites.names())}); other "
+                                        "options override it")
+    parser.add_argument("--arms", type=_csv(str), help=f"comma-separated arms: {arms_help()}")
+    parser.add_argument("--preset", type=_csv(str), help="model preset(s)")
+    parser.add_argument("--seq", type=_csv(int), help="sequence length(s)")
+    parser.add_argument("--batch", type=_csv(int), help="global batch size(s) per step")
+    parser.add_argument("--ga", type=_csv(int), help="gradient-accumulation step(s)")
+    parser.add_argument("--steps", type=int, help="timed steps per cell")
+    parser.add_argument("--rounds", type=int,
+                        help="times each cell runs, each a separate process, interleaved "
+                             "(A B C, C B A, ...); default: the suite's, else 1")
+    parser.add_argument("--warmup", type=int, help="untimed warmup steps (>= 1)")
+    parser.add_argument("--trace", action=argparse.BooleanOptionalAction, default=None,
+                        help="capture a separate traced window after timing")
+    parser.add_argument("--trace-steps", type=int, help="steps in the traced window")
+    parser.add_argument("--trace-hlo", action=argparse.BooleanOptionalAction, default=None,
+                        help="capture the traced window with the HLO proto, so xprof's "
+                             "memory_viewer and graph_viewer work (~1.5x bigger traces; "
+                             "implies --trace unless --no-trace is given)")
+    parser.add_argument("--mesh", help="mesh, e.g. fsdp=8 or fsdp=4,tensor=2")
+    parser.add_argument("--dtype", choices=[*DTYPES, *DTYPES.values()], help="compute dtype")
+    parser.add_argument("--loss", choices=list(LOSSES), help="workload loss")
+    parser.add_argument("--optimizer", choices=list(OPTIMIZERS), help="optax optimizer")
+    parser.add_argument("--ragged", type=_csv(int), help="loss tokens per micro-batch, e.g. "
+                                                         "64,16,40,8 (applies where GA matches)")
+    parser.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--remat", choices=list(REMAT_POLICIES))
+    parser.add_argument("--timeout", type=float, help="seconds before a cell is killed")
+    parser.add_argument("--cpu-devices", type=int, help="emulate N CPU devices (CPU backend)")
+    parser.add_argument("--no-parity", action="store_true", help="skip the exact-gradient check")
+    parser.add_argument("--plugin", action="append", help="module registering extra arms")
+
+
+def request(args: argparse.Namespace, out: Path):
+    """What the grid arguments ask for (a harness.jobs.grid.Request; None where an option
+    was not given)."""
+    from harness.jobs.grid import Request
+
+    explicit = {
+        "arms": args.arms, "preset": args.preset, "seq": args.seq, "batch": args.batch,
+        "ga": args.ga, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
+        "dtype": DTYPES.get(args.dtype, args.dtype), "mesh": args.mesh, "loss": args.loss,
+        "optimizer": args.optimizer, "ragged": args.ragged, "timeout_s": args.timeout,
+        "cpu_devices": args.cpu_devices, "trace_steps": args.trace_steps,
+        "scan_layers": args.scan_layers, "remat": args.remat, "trace": args.trace,
+        "trace_hlo": args.trace_hlo, "parity": False if args.no_parity else None,
+    }
+    return Request(explicit=explicit, suite=args.suite, plugins=tuple(args.plugin or ()),
+                   out=out)

@@ -1,0 +1,300 @@
+"""The subcommands that run cells: `run`, `plan`, `launch`, `nightly` and `ab`. Each parses
+its arguments, calls its library function (harness.jobs) and prints."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness.cli.command import Command, Parser, check_fraction
+from harness.cli.grid_args import add_grid_arguments, request
+from harness.cli.watch import Progress, Stopped
+from harness.contract import IN_PROCESS, LOCKSTEP, PROCESSES
+
+
+class SelftestError(Exception):
+    """`parity run --selftest`: the selftest failed (it printed why); no cell ran."""
+
+
+def _selftest() -> None:
+    """`parity selftest` in a process of its own (its lines go to this one's stdout and
+    stderr); raises SelftestError unless it passed."""
+    import subprocess
+
+    code = subprocess.run([sys.executable, "-m", "harness.cli", "selftest"]).returncode
+    if code != 0:
+        raise SelftestError(code)
+
+
+def _distributed(args: argparse.Namespace) -> dict | None:
+    if args.distributed_auto:
+        return {"auto": True}
+    if args.num_processes is None or args.num_processes == 1:
+        return None
+    if args.coordinator is None or args.process_id is None:
+        raise ValueError("--num-processes needs --coordinator HOST:PORT and --process-id I "
+                         "(or --distributed-auto where JAX detects the cluster)")
+    if not 0 <= args.process_id < args.num_processes:
+        raise ValueError(f"--process-id {args.process_id} is not in [0, {args.num_processes})")
+    return {"coordinator": args.coordinator, "num_processes": args.num_processes,
+            "process_id": args.process_id}
+
+
+def check(request, **options) -> dict:
+    """harness.jobs.grid.check, imported when a command runs (it imports JAX)."""
+    from harness.jobs.grid import check as check_grid
+
+    return check_grid(request, **options)
+
+
+class Run(Command):
+    name = "run"
+    help = "run a grid of cells (one subprocess each) and store the records"
+    description = ("Runs arm x preset x seq x batch x GA cells, each in its own process: "
+                   "warmup, untraced timing, memory, optional trace, gradient parity.")
+
+    @classmethod
+    def setup(cls, parser):
+        add_grid_arguments(parser)
+        parser.add_argument("--out", type=Path, default=Path("results"),
+                            help="results directory")
+        parser.add_argument("--num-processes", type=int, help="processes of a multi-process run")
+        parser.add_argument("--process-id", type=int, help="this process's index (0 writes)")
+        parser.add_argument("--coordinator", help="HOST:PORT of process 0 (cell k uses PORT+k)")
+        parser.add_argument("--distributed-auto", action="store_true",
+                            help="let jax.distributed detect the cluster (e.g. Cloud TPU)")
+        parser.add_argument("--run-id", help="name of the results file (default: a timestamp)")
+        parser.add_argument("--strict-parity", action="store_true",
+                            help="exit 1 when a cell fails gradient parity too (default: only "
+                                 "when a cell fails to run)")
+        parser.add_argument("--selftest", action="store_true",
+                            help="run `parity selftest` first, while the arms' packages "
+                                 "import; no cell starts unless it passes (exit 1)")
+        parser.add_argument("--pairing", choices=[PROCESSES, IN_PROCESS], default=PROCESSES,
+                            help="processes: every cell in processes of its own (--rounds "
+                                 "of them, interleaved); in-process: the arms of a shape "
+                                 "built in one process and timed in alternating slices, "
+                                 "--rounds such processes (only arms that can share a "
+                                 "process: engine, engine-fused, native)")
+        parser.add_argument("--slices", type=int, default=8,
+                            help="in-process pairing: slices the timed steps are cut into "
+                                 "(A B C, B C A, C A B, ...; default 8)")
+
+    @classmethod
+    def run(cls, args):
+        from harness.cli import console
+        from harness.jobs import run as run_job
+        from reports import viewers
+
+        distributed = _distributed(args)
+        wanted = request(args, args.out)
+        options = check(wanted, processes=args.num_processes or 1)
+        path, records = run_job.run(
+            wanted, options, processes=args.num_processes or 1, run_id=args.run_id,
+            distributed=distributed, pairing=args.pairing, slices=args.slices,
+            alongside=_selftest if args.selftest and not args.process_id else None,
+            watch=Progress())
+        parity_failed = [r for r in records if console.parity_failed(r)]
+        code = 0 if all(r.ok for r in records) and not (
+            args.strict_parity and parity_failed) else 1
+        if args.process_id:
+            return code
+        print(console.table(records))
+        hint = viewers.hint(records)
+        if hint:
+            print(f"\n{hint}")
+        if parity_failed:
+            print(f"\nparity: {len(parity_failed)} cells failed gradient parity (their times "
+                  "are not comparable work)" + ("" if args.strict_parity else
+                                                "; --strict-parity makes that exit 1"))
+        print(f"\nrecords: {path}")
+        return code
+
+
+class Plan(Command):
+    name = "plan"
+    help = "XLA's plan of every arm for a TPU topology, compiled here (nothing runs)"
+    description = ("Compiles each cell's step for a TPU topology's compile-only devices "
+                   "(libtpu; no chip needed), from shapes alone, one process per cell, and "
+                   "records XLA's plan: planned peak HBM per device against the capacity, "
+                   "resident state, HBM and collective bytes and FLOPs per step. A plan is the "
+                   "compiler's figure for the target, not a measurement. Exit 0 when every "
+                   "cell planned and fits, 1 when one failed or does not fit (named), 2 on "
+                   "bad input.")
+
+    @classmethod
+    def setup(cls, parser):
+        from harness.xla.target import TPU7X
+
+        add_grid_arguments(parser)
+        parser.add_argument("--target", help=f"TPU topology (default: the suite's, else "
+                                              f"{TPU7X}), e.g. v5e:2x2, v5p:2x2x1, v6e:2x2")
+        parser.add_argument("--target-slices", type=int,
+                            help="slices of the topology (default: the suite's, else 1)")
+        parser.add_argument("--out", type=Path, default=Path("results/plan"),
+                            help="results directory")
+        parser.add_argument("--run-id", help="name of the results file (default: a timestamp)")
+        parser.add_argument("--save-hlo", action="store_true",
+                            help="write each executable's optimized TPU HLO text under "
+                                 "OUT/hlo/<run id>/<cell>/ (to find what a figure comes from)")
+        parser.add_argument("--jobs", type=int,
+                            help="cells planned side by side (default: one per core, as many "
+                                 "as host memory holds at 8 GiB each); a plan's figures do "
+                                 "not depend on it, only its compile seconds")
+        parser.add_argument("--no-plan-cache", action="store_true",
+                            help="compile every executable (default: a program planned "
+                                 "before for the same target and versions is read back from "
+                                 "OUT/.plan-cache)")
+
+    @classmethod
+    def run(cls, args):
+        from harness.cli import console
+        from harness.jobs import plan as plan_job
+
+        wanted = request(args, args.out)
+        options = plan_job.check(wanted, jobs=args.jobs, save_hlo=args.save_hlo)
+        target = plan_job.target(options, args.out, name=args.target,
+                                 slices=args.target_slices, save_hlo=args.save_hlo,
+                                 cache=not args.no_plan_cache)
+        path, records = plan_job.plan(wanted, options, target, run_id=args.run_id,
+                                      jobs=args.jobs, watch=Progress())
+        print(console.plan_table(records))
+        failing = plan_job.failing(records)
+        print(f"\nrecords: {path}")
+        if failing:
+            print(f"parity: {len(failing)} cells do not plan or do not fit on "
+                  f"{target['target']}:\n" + "\n".join(f"  {f}" for f in failing),
+                  file=sys.stderr)
+            return 1
+        return 0
+
+
+class Launch(Command):
+    name = "launch"
+    help = "start N local processes of one multi-process `parity run`"
+    description = ("parity launch -n 2 -- --arms engine --preset tiny --cpu-devices 4 ...: "
+                   "runs `parity run` N times on this machine as one jax.distributed job.")
+
+    @classmethod
+    def setup(cls, parser):
+        parser.add_argument("-n", type=int, required=True, help="number of processes")
+        parser.add_argument("run_args", nargs=argparse.REMAINDER, help="arguments of `run`")
+
+    @classmethod
+    def run(cls, args):
+        from harness.jobs.launch import LaunchStopped, launch
+
+        if args.n < 1:
+            raise ValueError(f"launch -n {args.n}: give at least 1 process")
+        rest = [a for a in args.run_args if a != "--"]
+        run_parser = Parser(prog="parity run")
+        Run.setup(run_parser)
+        run_args = run_parser.parse_args(rest)
+        check(request(run_args, run_args.out), processes=args.n)  # once, not N times
+        try:
+            code, said = launch(args.n, rest)
+        except LaunchStopped as stop:
+            raise Stopped(stop.code) from None
+        for line in said:
+            print(f"parity: {line}", file=sys.stderr)
+        return code
+
+
+class Nightly(Command):
+    name = "nightly"
+    help = "run a suite, append to the history, exit 1 on a regression"
+    description = ("Runs the grid, appends its records to HISTORY and compares each cell "
+                   "with the comparable history (exit 0 ok, 1 regression, 2 broken run).")
+
+    @classmethod
+    def setup(cls, parser):
+        add_grid_arguments(parser)
+        parser.add_argument("--history", type=Path, required=True, help="history directory")
+        parser.add_argument("--threshold", type=float,
+                            help="relative slowdown that counts (default: suite's, else 0.05)")
+        parser.add_argument("--report", type=Path, help="where nightly.md and plots go")
+        parser.add_argument("--plan", action="store_true",
+                            help="also plan every cell for the suite's target (or --target) "
+                                 "and compare the plans with the history's, exactly")
+        parser.add_argument("--target", help="TPU topology of --plan (default: the suite's, "
+                                             "else tpu7x:2x2x1)")
+        parser.add_argument("--publish", type=Path, metavar="SITE",
+                            help="then republish the history's static site to SITE (as "
+                                 "`parity publish HISTORY -o SITE`)")
+
+    @classmethod
+    def run(cls, args):
+        from harness.jobs import nightly
+        from harness.jobs import plan as plan_job
+
+        wanted = request(args, args.history)
+        options, threshold, report_dir = nightly.prepare(
+            wanted, threshold=args.threshold, report=args.report, publish_to=args.publish)
+        # A target libtpu cannot plan fails before the grid runs.
+        target = plan_job.target(options, args.history, name=args.target) if args.plan \
+            else None
+        code, text = nightly.nightly(wanted, options, threshold=threshold,
+                                     report_dir=report_dir, target=target,
+                                     publish_to=args.publish, watch=Progress())
+        print(text)
+        return code
+
+
+class AB(Command):
+    name = "ab"
+    help = "A/B two git refs: the same cells, interleaved round by round"
+    description = ("Checks out REF_A and REF_B as git worktrees and runs every cell from "
+                   "each, A's and B's processes side by side in lockstep (or one after the "
+                   "other), for --rounds rounds; reports the ratio of "
+                   "medians with a 95%% CI, a verdict, the minimum detectable effect and any "
+                   "change in the exact cost metrics. Exit 1 when B is slower beyond noise or "
+                   "costs more (unless --no-fail), 2 on bad input. `parity ab HEAD HEAD` "
+                   "measures the noise floor.")
+
+    @classmethod
+    def setup(cls, parser):
+        parser.add_argument("ref_a")
+        parser.add_argument("ref_b")
+        add_grid_arguments(parser)
+        parser.add_argument("--threshold", type=float, default=0.05,
+                            help="smallest relative difference that earns a verdict (0.05)")
+        parser.add_argument("--allow-dirty", action="store_true",
+                            help="allow uncommitted changes (HEAD is measured as committed)")
+        parser.add_argument("--no-fail", action="store_true",
+                            help="exit 0 even when B is slower or costs more")
+        parser.add_argument("--out", type=Path, default=Path("results/ab"), help="results dir")
+        parser.add_argument("--pairing", choices=[LOCKSTEP, PROCESSES], default=LOCKSTEP,
+                            help="lockstep (default): A's and B's processes of a round side "
+                                 "by side, their steps alternating in --slices slices (both "
+                                 "refs need a worker that speaks lockstep); processes: one "
+                                 "after the other")
+        parser.add_argument("--slices", type=int,
+                            help="lockstep: slices the timed steps are cut into (default 5)")
+
+    @classmethod
+    def run(cls, args):
+        from harness.jobs import ab
+        from harness.orchestrator import refs
+        from harness.store.layout import OutDir
+
+        check_fraction(args.threshold)
+        wanted = request(args, args.out)
+        options = check(wanted, defaults={"rounds": ab.ROUNDS, "steps": ab.STEPS,
+                                          "trace": False})
+        slices = args.slices or ab.SLICES
+        ab.check(options, args.pairing, slices)
+        refs.check_repo()  # git's answers: the first processes started
+        refs.resolve(args.ref_a)
+        refs.resolve(args.ref_b)
+        refs.check_clean([args.ref_a, args.ref_b], allow_dirty=args.allow_dirty)
+        result = ab.ab(args.ref_a, args.ref_b, wanted, options, pairing=args.pairing,
+                       slices=slices, min_effect=args.threshold,
+                       watch=Progress(kept_in=args.out, also_kept="worktrees removed"))
+        rounds = options["rounds"]
+        text = ab.markdown(args.ref_a, args.ref_b, result, rounds, args.threshold)
+        out = OutDir(args.out)
+        out.root.mkdir(parents=True, exist_ok=True)
+        out.ab_markdown.write_text(text)
+        print(text)
+        return 1 if result.slower and not args.no_fail else 0

@@ -1,0 +1,102 @@
+"""The cells of a grid: every (arm x preset x seq x batch x ga) of the options, each checked
+before anything runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Any
+
+from arms.base import check_model
+from arms.registry import resolve
+from arms.spec import CellSpec
+from engine.model import check_fits, parse_mesh_spec
+from harness.contract import CellRun
+
+RUN_KEYS = ("steps", "warmup", "trace", "trace_steps", "trace_hlo", "parity")
+"""Options of how a cell runs (CellRun fields)."""
+GRID_KEYS = ("preset", "seq", "batch", "ga")
+"""The options a grid may give several values of: one cell per combination."""
+SPEC_KEYS = tuple(f.name for f in dataclasses.fields(CellSpec))
+
+
+def _check_no_repeats(key: str, values: list) -> None:
+    """A value given twice would run the same cell twice, each recorded as round 0: the
+    report would pool them as two rounds of one run. Repeats are refused; rounds are what
+    --rounds is for."""
+    seen = set()
+    for value in values:
+        if value in seen:
+            raise ValueError(f"--{key} names {value} twice ({','.join(map(str, values))}); "
+                             f"give each value once, and --rounds N to run each cell N times")
+        seen.add(value)
+
+
+def _as_list(value) -> list:
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
+def expand(options: dict[str, Any], *, mesh_sizes: dict[str, int] | None = None) -> list[CellRun]:
+    """Every (arm x preset x seq x batch x ga) cell, validated before anything runs.
+
+    `options` holds CellSpec fields (grid keys may be lists), run options, `arms` and
+    `ragged` (a list of counts, or a mapping GA -> counts). Raises one ValueError naming
+    the fix on the first bad cell.
+    """
+    arms = _as_list(options.get("arms") or [])
+    if not arms:
+        raise ValueError("no arms given; pass --arms (e.g. engine,native) or --suite")
+    for arm in arms:
+        resolve(arm)
+    _check_no_repeats("arms", arms)
+    fixed = {k: v for k, v in options.items() if k in SPEC_KEYS and k not in GRID_KEYS
+             and k != "ragged" and v is not None}
+    run_options = {k: options[k] for k in RUN_KEYS if options.get(k) is not None}
+    cells = []
+    grid = [_as_list(options.get(k, CellSpec.__dataclass_fields__[k].default))
+            for k in GRID_KEYS]
+    for key, values in zip(GRID_KEYS, grid, strict=True):
+        _check_no_repeats(key, values)
+    _check_ragged_applies(options.get("ragged"), grid[GRID_KEYS.index("ga")])
+    for preset, seq, batch, ga in itertools.product(*grid):
+        ragged = options.get("ragged")
+        if isinstance(ragged, dict):
+            ragged = ragged.get(str(ga), ragged.get(ga))
+        elif ragged is not None and len(ragged) != ga:
+            ragged = None  # counts given for another GA of the grid do not apply to this cell
+        spec = CellSpec(preset=preset, seq=int(seq), batch=int(batch), ga=int(ga),
+                        ragged=tuple(ragged) if ragged else None, **fixed)
+        mesh = parse_mesh_spec(spec.mesh, mesh_sizes and mesh_sizes["device_count"])
+        check_fits(spec.model_config(), mesh, spec.micro_batch)
+        if mesh_sizes is not None:
+            _check_device_count(spec.mesh, mesh, mesh_sizes)
+        if spec.ragged:
+            spec.micro_batches()  # validates counts against the micro-batch capacity
+        for arm in arms:
+            check_model(resolve(arm)[1], spec)  # e.g. what MaxText's Qwen3 cannot express
+            cells.append(CellRun(arm=arm, spec=spec.to_dict(), **run_options))
+    return cells
+
+
+def _check_ragged_applies(ragged, gas: list) -> None:
+    """Counts given as a list apply where their length equals GA: refuse counts that apply
+    to no cell of the grid rather than silently run every cell unragged."""
+    if ragged is None or isinstance(ragged, dict):
+        return
+    if not any(len(ragged) == int(ga) for ga in gas):
+        raise ValueError(
+            f"--ragged gives {len(ragged)} counts but no cell has ga={len(ragged)} (ga: "
+            f"{', '.join(str(g) for g in gas)}); give one count per micro-batch of a GA in "
+            "the grid")
+
+
+def _check_device_count(spec: str, mesh: dict[str, int], available: dict) -> None:
+    need = math.prod(mesh.values())
+    have = available["device_count"]
+    if need > have:
+        hint = ("; on CPU pass --cpu-devices N to emulate N devices"
+                if available.get("backend") == "cpu" else "")
+        where = (f"the target {available['target']}" if available.get("target")
+                 else f"this {available.get('backend')} host")
+        raise ValueError(f"mesh {spec!r} needs {need} devices but {where} has {have}{hint}")

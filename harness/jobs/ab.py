@@ -1,0 +1,140 @@
+"""`parity ab REF_A REF_B`: the same cells from two git refs, interleaved round by round.
+
+Each ref is checked out as a detached git worktree (harness.orchestrator.refs); its cells
+run in the current Python environment with the worktree first on the path, through the
+worker that ref has. By default the two refs' processes of a cell run side by side in
+lockstep, their steps alternating in slices (harness.orchestrator.lockstep); with
+`--pairing processes`, A's and B's processes of a round run one after the other (A B in even
+rounds, B A in odd ones). `parity ab HEAD HEAD` is the A/A run: it measures the noise floor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+
+from harness.contract import LOCKSTEP, PROCESSES
+from harness.grid import options as grid_options
+from harness.jobs.grid import Grid, Request, Watch, quiet, traced
+from harness.orchestrator.executors import CellProcesses
+from harness.orchestrator.lockstep import LockstepPairs
+from harness.orchestrator.loop import Sink, Slot, Task, run_tasks, schedule
+from harness.orchestrator.refs import Ref, checked_out, resolve
+from harness.store.layout import OutDir, RunStore, new_run_id
+from harness.system.reaper import REAPER
+from reports import stats
+from reports.compare import CellComparison, compare_sets, regressions
+from reports.compare import markdown as compare_markdown
+from reports.record import ABTag, Record
+
+ROUNDS = 16
+STEPS = 10
+SLICES = 5
+"""Defaults: 16 rounds of 10 steps, A's and B's processes in lockstep, their steps in 5
+slices. On a 2-core CPU VM the noise is set by how far a whole process's median moves from
+the next process's (6-15%), against a 1-3% standard error of one process's median over 10
+steps, so rounds buy far more than steps. Measured there (`ab HEAD HEAD --arms native
+--preset small`): processes one after the other, MDE 9.4-14.8% and 254-446 s; in lockstep,
+MDE 6.1-7.5% and 159-171 s (both processes build at once). A planted 5% slowdown read 1.038
+[1.004, 1.094] in lockstep and 1.049 [0.988, 1.114] one after the other."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ABResult:
+    """Every record of an A/B run and the per-cell comparison of B against A."""
+
+    records: dict[str, list[Record]]
+    """"A" and "B" -> their records, in run order."""
+    rows: list[CellComparison]
+    shas: dict[str, str]
+    lockstep_slices: int = 0
+    """The slices of each lockstep round; 0: A's and B's processes ran one after the other."""
+
+    @property
+    def slower(self) -> bool:
+        """B is slower than A beyond noise in some cell, or costs more in one."""
+        return bool(regressions(self.rows))
+
+
+def check(options: dict, pairing: str, slices: int) -> None:
+    """The A/B's rounds and slicing, before anything runs (harness.grid.options)."""
+    grid_options.check_ab_rounds(options["rounds"], pairing, slices)
+    if pairing == LOCKSTEP:
+        grid_options.check_slices(slices, options["steps"])
+
+
+def ab(ref_a: str, ref_b: str, request: Request, options: dict, *, pairing: str = LOCKSTEP,
+       slices: int = SLICES, min_effect: float = stats.MIN_EFFECT,
+       watch: Watch = quiet) -> ABResult:
+    """Runs each cell of `options` from both refs, `rounds` times (schedule's order), A and
+    B of a round side by side in lockstep or back to back; the rounds (and, in lockstep,
+    the slices inside them) are then compared as pairs. A ref whose worker cannot time in
+    lockstep is refused. Records go to OUT/<ab id>-A.jsonl and -B.jsonl."""
+    check(options, pairing, slices)
+    shas = {"A": resolve(ref_a), "B": resolve(ref_b)}
+    grid = Grid(request, options)
+    ab_id = new_run_id("ab-")
+    with tempfile.TemporaryDirectory(prefix="parity-ab-") as tmp, \
+            REAPER.watch("path", path=tmp), checked_out(shas, Path(tmp)) as refs:
+        if pairing == LOCKSTEP:
+            check_lockstep(refs)
+        sinks = {side: _sink(ref, grid, ab_id, Path(tmp)) for side, ref in refs.items()}
+        tasks = _tasks(grid, sinks, lockstep=pairing == LOCKSTEP)
+        executor = (LockstepPairs(timeout_s=grid.timeout_s, slices=slices)
+                    if pairing == LOCKSTEP else
+                    # One cell per process and side; an older ref has no zygote.
+                    CellProcesses(timeout_s=grid.timeout_s, prefork=False))
+        with watch(grid, 2 * len(grid.cells) * grid.rounds) as (on_start, on_record):
+            found = run_tasks(tasks, executor, on_start=on_start, on_record=on_record)
+    records: dict[str, list[Record]] = {"A": [], "B": []}
+    for record in found:
+        records[record.ab.side].append(record)
+    rows = compare_sets(records["A"], records["B"], paired=True, min_effect=min_effect)
+    return ABResult(records=records, rows=rows, shas=shas,
+                    lockstep_slices=slices if pairing == LOCKSTEP else 0)
+
+
+def check_lockstep(refs: dict[str, Ref]) -> None:
+    """Both refs' workers must time slices on a parent's signal (protocol 1 and on)."""
+    for side, ref in refs.items():
+        if not ref.protocol.lockstep:
+            raise ValueError(f"{side} ({ref.sha[:10]}) has no lockstep A/B (its worker "
+                             f"speaks protocol {ref.protocol.version}): use --pairing "
+                             f"{PROCESSES}")
+
+
+def _sink(ref: Ref, grid: Grid, ab_id: str, tmp: Path) -> Sink:
+    """Where one side's records go: OUT/<ab id>-<side>.jsonl, its cells sharing a compile
+    cache of their own (the refs' programs may differ)."""
+    run_id = f"{ab_id}-{ref.side}"
+    store = tmp / f"store-{ref.side}"
+    store.mkdir()
+    return Sink(path=OutDir(grid.out.root).results(run_id), run_id=run_id,
+                store=RunStore(store), env=ref.env(grid.env), cwd=ref.tree,
+                ab=ABTag(side=ref.side, sha=ref.sha), worker_module=ref.protocol.worker_module)
+
+
+def _tasks(grid: Grid, sinks: dict[str, Sink], *, lockstep: bool) -> list[Task]:
+    """Per scheduled cell, A's and B's slots (A first in even rounds, B first in odd ones):
+    one task of both in lockstep, else a task each."""
+    tasks = []
+    for round_index, index, cell in schedule(grid.cells, grid.rounds):
+        order = ("A", "B") if round_index % 2 == 0 else ("B", "A")
+        slots = tuple(Slot(traced(cell, sinks[side].run_id, round_index), round_index, index,
+                           sinks[side]) for side in order)
+        tasks += [slots] if lockstep else [(slot,) for slot in slots]
+    return tasks
+
+
+def markdown(ref_a: str, ref_b: str, result: ABResult, rounds: int,
+             min_effect: float = stats.MIN_EFFECT) -> str:
+    how = (f"A's and B's processes side by side, their steps alternating in "
+           f"{result.lockstep_slices} slices (A B, then B A, ...); rounds, then the slice "
+           "pairs inside them, are resampled as pairs." if result.lockstep_slices else
+           "A and B back to back (A B, then B A, ...); rounds are resampled as pairs.")
+    head = [f"## A/B: {ref_a} (A, {result.shas['A'][:10]}) vs {ref_b} "
+            f"(B, {result.shas['B'][:10]})", "",
+            f"{rounds} interleaved rounds, each cell in its own process, {how}", ""]
+    return "\n".join(head) + compare_markdown(result.rows, old_label="A", new_label="B",
+                                              min_effect=min_effect)

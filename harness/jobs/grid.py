@@ -1,0 +1,139 @@
+"""A grid command's cells, checked before anything runs: what `run`, `plan`, `nightly`,
+`ab` and `launch` share.
+
+Every bad value fails here, first what needs no device (`check`: value ranges, arms, presets,
+shapes, ragged counts, the mesh's syntax, plugins, the output directory), with no process
+started and nothing written; then (`Grid`), after one short probe process reports the
+devices, the mesh against them, and an existing results file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+
+from harness.contract import CellRun
+from harness.grid import options as grid_options
+from harness.grid.expand import expand
+from harness.orchestrator.environment import cell_environment
+from harness.orchestrator.loop import recorded
+from harness.store import results
+from harness.store.layout import OutDir, cell_path, check_run_id, new_run_id
+from reports.record import Record
+
+OnStart = Callable[[CellRun, int], None]
+"""Called as a cell starts: (cell, round)."""
+OnRecord = Callable[[int, Record], None]
+"""Called as a cell's record is kept: (the cell's index in the grid, record)."""
+Watch = Callable[["Grid", int], contextlib.AbstractContextManager[tuple[OnStart | None,
+                                                                         OnRecord | None]]]
+"""What a command's caller sees of a grid run: given the grid and the cells about to run,
+a context held while they run that yields the (on_start, on_record) callbacks (the command
+line's progress lines, and what a stop leaves)."""
+
+
+@contextlib.contextmanager
+def quiet(grid: Grid, total: int):
+    """A Watch that shows nothing."""
+    yield None, None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Request:
+    """What a grid command was asked for, before any check."""
+
+    explicit: dict
+    """Grid options given explicitly (None where not given)."""
+    suite: str | None = None
+    plugins: tuple[str, ...] = ()
+    """Modules registering extra arms, imported first."""
+    out: Path
+    """The out directory (nightly: the history)."""
+
+
+def check(request: Request, processes: int = 1, defaults: dict | None = None) -> dict:
+    """The grid's options, every value checked that needs no device: no process is started
+    and nothing is written (a probe file in `out` is created and removed)."""
+    for module in request.plugins:
+        _import_plugin(module)
+    options = grid_options.merge(request.explicit, suite=request.suite, defaults=defaults)
+    if processes > 1 and not options.get("mesh"):
+        options["mesh"] = grid_options.MULTI_PROCESS_MESH
+    grid_options.check(options)
+    expand(options)
+    results.check_writable(request.out)
+    if options.get("trace"):
+        results.check_writable(OutDir(request.out).traces, "--trace: the traces directory")
+    return options
+
+
+class Grid:
+    """A grid command's checked cells, the environment they run in and the results file
+    they go to. `target`: plan every cell for this TPU topology instead of running it
+    (harness.xla.target.describe), its meshes checked against the target's devices."""
+
+    def __init__(self, request: Request, options: dict, *, processes: int = 1,
+                 run_id: str | None = None, target: dict | None = None):
+        if run_id is not None:
+            check_run_id(run_id)
+        self.options, self.out = options, OutDir(request.out)
+        self.run_id = run_id or new_run_id()
+        self.path = self.out.results(self.run_id, self.options.get("name"))
+        results.check_appendable(self.path)
+        self.env, self.environment = cell_environment(self.options.get("cpu_devices"),
+                                                      planning=target is not None)
+        self.target = target
+        available = {**self.environment,
+                     "device_count": self.environment["device_count"] * processes}
+        planned = {}
+        if target is not None:
+            available = {"target": target["target"], "device_count": target["device_count"]}
+            planned = {"plan_target": target["target"], "plan_slices": target["slices"],
+                       "plan_libtpu": target["libtpu"], "trace": False, "parity": False,
+                       "plan_cache": target.get("plan_cache")}
+        # Absolute: cells may run elsewhere (an A/B worktree) and records outlive the cwd.
+        trace_dir = str(self.out.traces.absolute()) if self.options.get("trace") else None
+        self.cells = [dataclasses.replace(c, trace_dir=trace_dir, plugins=request.plugins,
+                                          **planned)
+                      for c in expand(self.options, mesh_sizes=available)]
+        if target is not None and target.get("save_hlo"):
+            self.cells = [dataclasses.replace(c, plan_hlo_dir=str(
+                (self.out.hlo / cell_path(self.run_id, c.arm, c.spec)).absolute()))
+                for c in self.cells]
+        self.timeout_s = self.options.get("timeout_s", 600)
+
+    @property
+    def rounds(self) -> int:
+        return self.options.get("rounds", 1)
+
+    @property
+    def where(self) -> str:
+        """Where the cells run, in words."""
+        if self.target:
+            return (f"planned for {self.target['target']} ({self.target['device_count']} x "
+                    f"{self.target['device_kind']}, compiled on this host)")
+        return (f"on {self.environment['backend']} ({self.environment['device_count']} x "
+                f"{self.environment['device_kind']})")
+
+    def recorded(self) -> int:
+        """Cells its results file already holds under its run id (a resumed run)."""
+        return len(recorded(self.path, self.run_id))
+
+
+def traced(cell: CellRun, run_id: str, round_index: int) -> CellRun:
+    """`cell` with the directory of its capture (where it traces)."""
+    if not cell.trace:
+        return cell
+    return dataclasses.replace(cell, trace_session=cell_path(run_id, cell.arm, cell.spec,
+                                                             round_index))
+
+
+def _import_plugin(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except ImportError as err:
+        raise ValueError(f"--plugin {module}: cannot import it ({err}); give a module on "
+                         "PYTHONPATH that registers arms") from None

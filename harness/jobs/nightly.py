@@ -1,0 +1,108 @@
+"""`parity nightly`: run a suite, append to the history, judge each cell against its
+comparable history, exit 0/1/2; and `parity publish`: the history as a static site
+(reports.site). The judging rule and the markdown are reports' (reports.regression,
+reports.nightly); this module runs the grid and writes where the nightly writes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from harness.grid import suites
+from harness.jobs import plan as plan_job
+from harness.jobs import run as run_job
+from harness.jobs.grid import Request, Watch, check, quiet
+from harness.store import results
+from harness.store.layout import OutDir
+from reports import nightly as nightly_report
+from reports import site
+from reports.record import Record, codec
+from reports.regression import REGRESSION, against_history
+
+EXIT_OK, EXIT_REGRESSION, EXIT_BROKEN = 0, 1, 2
+ROUNDS = 4
+"""Default rounds a night: 4 new runs against 4+ history runs is the smallest unpaired
+sample whose CI can reach 95% (reports.stats.luck_bound)."""
+THRESHOLD = 0.05
+"""The regression threshold of a suite that sets none."""
+
+
+def prepare(request: Request, *, threshold: float | None, report: Path | None,
+            publish_to: Path | None) -> tuple[dict, float, Path]:
+    """(grid options, threshold, report directory), every value checked before anything
+    runs: a corrupt history fails now, not after the grid."""
+    history = request.out
+    results.check_writable(history, "--history")  # the runs are written there
+    if publish_to is not None:
+        site.check_output(publish_to, "--publish")
+    if codec.results_files(history):
+        codec.read_dir(history)
+    report_dir = report or OutDir(history).nightly_report
+    results.check_writable(report_dir, "--report")
+    options = check(request, defaults={"rounds": ROUNDS})
+    threshold = threshold or options.get("regression_threshold", THRESHOLD)
+    if not threshold > 0:
+        raise ValueError(f"--threshold {threshold}: give a relative slowdown > 0")
+    return options, threshold, report_dir
+
+
+def nightly(request: Request, options: dict, *, threshold: float, report_dir: Path,
+            target: dict | None = None, publish_to: Path | None = None,
+            watch: Watch = quiet) -> tuple[int, str]:
+    """`parity nightly`: (exit code, the nightly's markdown) of the grid run into the
+    history, then with a `target` every cell planned for it, judged against the history."""
+    _, records = run_job.run(request, options, watch=watch)
+    if target is not None:
+        plans = {**options, "rounds": 1, "trace": False}
+        records = [*records, *plan_job.plan(request, plans, target, watch=watch)[1]]
+    return evaluate(records, request.out, threshold=threshold, report_dir=report_dir,
+                    publish_to=publish_to)
+
+
+def publish(history: Sequence[Record], history_dir: Path, out: Path, *,
+            threshold: float | None = None, workers: int | None = None,
+            flag: str = "-o") -> site.Published:
+    """Writes the history's site to `out` (reports.site.publish): every run judged at
+    `threshold`, or, where None, at its suite's threshold (else the nightly's 5%), in
+    `workers` processes (default: one per CPU)."""
+    return site.publish(history, out, source=str(history_dir),
+                        threshold=threshold or site.DEFAULT_THRESHOLD,
+                        thresholds=None if threshold else suites.thresholds(
+                            r.suite for r in history if r.suite),
+                        workers=workers, flag=flag)
+
+
+def published_text(done: site.Published) -> str:
+    return (f"site: {done.site}/index.html ({done.cells} cells, {done.runs} runs, "
+            f"{done.shapes} shapes; index {done.index_bytes / 1e6:.2f} MB; "
+            f"{done.seconds:.1f} s)")
+
+
+def evaluate(new: list[Record], history_dir: Path, *, threshold: float,
+             report_dir: Path, publish_to: Path | None = None) -> tuple[int, str]:
+    """Compares `new` (already appended to the history) with the rest of the history;
+    writes the nightly's markdown and a plot per regression to `report_dir`; with
+    `publish_to`, then republishes the history's site there (a site that cannot be written
+    makes the run broken, exit 2, after the summary)."""
+    history = codec.read_dir(history_dir)
+    rows = against_history(new, history, threshold=threshold)
+    text = nightly_report.summary_markdown(rows, threshold)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    regressed = [row for row in rows if row.status == REGRESSION]
+    for i, row in enumerate(regressed):
+        png = nightly_report.history_plot(row, report_dir / f"regression_{i}.png")
+        text += f"\n![{row.cell.name}]({png.name})\n"
+    (report_dir / "nightly.md").write_text(text)
+    code = EXIT_REGRESSION if regressed else EXIT_OK
+    if not new or any(not r.ok for r in new):
+        code = EXIT_BROKEN
+    if publish_to is not None:
+        try:
+            # In this process, which imported JAX for the grid: judged here, not in forks.
+            text += "\n" + published_text(publish(history, history_dir, publish_to,
+                                                  threshold=threshold, workers=1,
+                                                  flag="--publish")) + "\n"
+        except (ValueError, OSError) as err:
+            text += f"\nparity: error: the site was not published ({err})\n"
+            code = EXIT_BROKEN
+    return code, text

@@ -1,0 +1,32 @@
+"""Names of cells: as people say them, and as components of a file path.
+
+A cell is an arm given one spec of work. `cell_name` is how tables and messages name it;
+`path_safe` turns any name (an arm such as 'engine:maxtext', a run id, a cell) into one
+component of a file path, so files written per cell or per run land where they are meant to.
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+
+if typing.TYPE_CHECKING:
+    from reports.record.schema import Spec
+
+__all__ = ["cell_name", "path_safe"]
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def cell_name(arm: str | None, spec: Spec | None) -> str:
+    """'engine tiny seq=32 batch=8 ga=4 [mesh=fsdp=8]': a cell as people name it."""
+    if spec is None:
+        return f"{arm} (no spec)"
+    return (f"{arm} {spec.preset} seq={spec.seq} batch={spec.batch} ga={spec.ga}"
+            f"{' mesh=' + spec.mesh if spec.mesh else ''}")
+
+
+def path_safe(name: str) -> str:
+    """`name` as one path component: each character that is not a letter, digit, '.', '_'
+    or '-' (e.g. the ':' of an 'engine:maxtext' arm, a '/' in a run id) becomes one '_'."""
+    return _UNSAFE.sub("_", name)

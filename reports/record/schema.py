@@ -1,0 +1,499 @@
+"""The sections of a record, each a typed dataclass, and `Record`, which holds them.
+
+A record is one cell (an arm given one spec of work) measured, or planned, in one process: how
+it ran, its timings, memory, compiled cost, gradient parity, traced window and environment, or
+why it failed. Each section is a keyword-only dataclass of JSON values and further sections.
+`Record.to_json` is the record as plain data in the layout of `SCHEMA`; `Record.from_json`
+reads data of any schema version (upgraded, then every field checked).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import typing
+from typing import Any
+
+from reports.record.decode import section
+from reports.record.errors import RecordError
+from reports.record.versions import SCHEMA, upgrade
+
+
+def _section(cls):
+    return dataclasses.dataclass(kw_only=True)(cls)
+
+
+@_section
+class Spec:
+    """The cell's work (arms.spec.CellSpec as data): every arm given it does the same."""
+
+    preset: str
+    seq: int
+    batch: int
+    ga: int
+    dtype: str
+    mesh: str
+    loss: str
+    z_loss: float
+    optimizer: str
+    learning_rate: float
+    clip: float | None
+    ragged: list[int] | None
+    mask_fraction: float
+    seed: int
+    scan_layers: bool
+    remat: str
+
+
+@_section
+class RunOptions:
+    """How the cell was run."""
+
+    steps: int
+    warmup: int
+    trace: bool
+    trace_steps: int
+    parity: bool
+    trace_hlo: bool = False
+    """The traced window was captured with the HLO proto (xprof's memory_viewer and
+    graph_viewer work on it)."""
+    plan_target: str | None = None
+    """A plan record: the TPU topology the cell was compiled for (`parity plan`); it was not
+    run, and has a `plan` section instead of timing."""
+    plan_slices: int = 1
+    """Slices of `plan_target`."""
+    plan_libtpu: str | None = None
+    """The libtpu (the TPU compiler) version that planned it: plans of other versions are
+    not compared."""
+    pairing: list[str] | None = None
+    """Timed in one process with these arms (`--pairing in-process`), in alternating
+    slices; None: the cell had its process to itself. Samples of the two ways are not
+    pooled or compared (other arms share the caches and allocator)."""
+
+
+@_section
+class StepStats:
+    """Statistics of the timed window's per-step wall times (ms)."""
+
+    median_ms: float
+    mean_ms: float
+    max_ms: float
+    min_ms: float
+    p90_ms: float
+    cv: float
+    """Coefficient of variation: stdev / mean."""
+
+
+@_section
+class GCPauses:
+    count: int
+    total_ms: float
+
+
+@_section
+class Timing:
+    """The untraced timed window, and the build before it."""
+
+    steps: int
+    warmup: int
+    step_ms: list[float]
+    """Wall time of every timed step, blocked on its outputs."""
+    dispatch_ms: list[float]
+    """Of each step: time until the step call returned (host dispatch)."""
+    wait_ms: list[float]
+    """Of each step: time then blocked until its outputs were ready."""
+    stats: StepStats
+    gc: GCPauses
+    tokens_per_step: int
+    tokens_per_s: float
+    build_s: float
+    compile_s: float
+    recompiles_after_warmup: int
+    executions_per_step: int
+    """Executable calls one optimizer step dispatched (as counted by the arm)."""
+    compiles: int | None = None
+    """Backend compiles in the cell's process up to the end of the timed window."""
+    compile_cache_hits: int | None = None
+    """Of `compiles`, those loaded from the persistent compilation cache the cells of the
+    cell's arm share (harness.store.layout.RunStore: later rounds load every program, another
+    shape what does not depend on the shape): 0 means every compile, and so compile_s and
+    build_s, was cold; None in records written before the cache existed (cold)."""
+    probe_ms: list[float] | None = None
+    """A fixed piece of host work (harness.measure.timing.probe_ms) timed 3 times before and 3
+    after the window: the machine's speed while the cell ran, which no arm's code changes.
+    None in records written before the probe existed."""
+    steal: float | None = None
+    """Share of the machine's CPU time the hypervisor gave other guests during the window
+    (/proc/stat); None where unreadable."""
+    other_load: float | None = None
+    """Share of the machine's CPU time other processes kept busy during the window (the
+    machine's busy time in /proc/stat less the cell process's own); None where unreadable."""
+    slices: list[int] | None = None
+    """In-process pairing: the steps of each slice, in the order they ran (`step_ms` is
+    their concatenation; slice i of every arm of the process ran next to each other);
+    lockstep A/B: slice i of A's and of B's process ran next to each other. None: one
+    uninterrupted window."""
+
+    def sliced(self) -> list[list[float]] | None:
+        """`step_ms` cut into its slices; None for one uninterrupted window."""
+        if not self.slices:
+            return None
+        ends = list(itertools.accumulate(self.slices, initial=0))
+        return [self.step_ms[a:b] for a, b in itertools.pairwise(ends)]
+
+
+def sliced_runs(timed: list[Record]) -> list[list[list[float]]] | None:
+    """Each timed record's steps cut into its slices (runs x slices x steps); None unless
+    every one was timed in slices (in-process pairing, lockstep A/B)."""
+    if not timed or not all(r.timing.slices for r in timed):
+        return None
+    return [r.timing.sliced() for r in timed]
+
+
+@_section
+class ExecutableMemory:
+    """XLA's memory_analysis of one executable (bytes, per device)."""
+
+    argument: int
+    output: int
+    alias: int
+    temp: int
+    total: int
+    """argument + output - alias + temp."""
+    generated_code: int | None = None
+    """Size of the executable's generated code."""
+
+
+@_section
+class HostMemory:
+    process: int
+    rss_delta_bytes: int | None
+    peak_bytes_in_use: int | None
+
+
+@_section
+class Memory:
+    peak_bytes_in_use: int | None
+    """memory_stats()['peak_bytes_in_use'], max over local devices: the process's peak since
+    it started; None where missing (`peak_unavailable` says why)."""
+    executables: dict[str, ExecutableMemory | None]
+    planned_bytes: int | None
+    """The largest executable's total."""
+    rss_delta_bytes: int | None
+    """Process RSS high-water growth over the timed window."""
+    hosts: list[HostMemory] | None = None
+    peak_bytes_per_device: list[int | None] | None = None
+    """Each local device's memory_stats peak since the cell's process started (each cell is
+    its own process); None in records written without it."""
+    peak_unavailable: str | None = None
+    """Why a device's peak is None (no memory_stats on the backend, or no peak key)."""
+    heap_reserved_bytes: int | None = None
+    """Host heap faulted in and freed again before the timed window, where glibc keeps freed
+    memory (CPU cells; harness.measure.memory.reserve_heap). In the resident set, not in
+    rss_delta_bytes. None in records written before it existed."""
+
+
+@_section
+class Cost:
+    """What one optimizer step costs: the model's FLOPs by formula, and the compiled
+    program's FLOPs and bytes from XLA's cost model made loop-aware. All of these are
+    deterministic for a given program, so they are compared exactly (no noise)."""
+
+    model_flops_per_step: float | None
+    """Analytic training FLOPs of the step's tokens (MaxText's convention: 6 x matmul
+    params x tokens plus causal attention, remat recompute excluded); the same for every arm
+    given the same work."""
+    model_flops_per_s: float | None
+    """model_flops_per_step at the median step time."""
+    mfu_vs_bf16_peak: float | None
+    """model_flops_per_s / (the device kind's dense bf16 peak x devices); None where the
+    peak is not known (CPU)."""
+    compiled_flops_per_step: float | None
+    """XLA's FLOPs of every executable x its calls per step, each while-loop body counted
+    trip-count times; per device (XLA costs each device's SPMD program); None if any
+    executable's count is unavailable."""
+    bytes_accessed_per_step: float | None
+    """XLA's bytes accessed (operands + outputs of every top-level op), weighted, loop-aware
+    and per device like compiled_flops_per_step."""
+    calls_per_step: dict[str, int]
+    """Calls of each executable per optimizer step (the weights of the per-step sums)."""
+    compiled_flops_per_executable: dict[str, float | None]
+    """Loop-aware FLOPs of one call of each executable."""
+    bytes_accessed_per_executable: dict[str, float | None]
+    loop_trip_counts: dict[str, list[int]]
+    """Known trip counts of each executable's while loops (empty: no loops)."""
+    unavailable: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Executable -> why its compiled cost is unavailable (e.g. a loop of unknown length)."""
+
+
+@_section
+class Parity:
+    """The first warmup step's gradient vs the exact sum/sum reference."""
+
+    data_digest: str
+    """sha256 of the step's micro-batches: equal digests, equal data."""
+    denominators: list[float]
+    denominator: float
+    loss: float | None
+    """The loss the trainer reported for that step."""
+    exact_loss: float
+    loss_rel_error: float | None
+    grad_l2: float | None
+    """||g||; None when not finite (JSON has no NaN: the store writes null)."""
+    exact_grad_l2: float
+    rel_l2: float | None
+    """||g - g_exact|| / ||g_exact||; None when not finite (a NaN or inf gradient)."""
+    tied_head: bool | None = None
+    """The cell's model ties its output head to the embedding (a tied preset); None in
+    records written without the field (a MaxText arm's FAIL then names the tied head as a
+    possible cause)."""
+    reference_shared: bool = False
+    """The exact reference was read from the run's store, where an earlier cell of the same
+    spec (same weights, data and loss) had computed it (harness.cell.reference)."""
+
+
+@_section
+class Trace:
+    """The separate traced window, parsed from its xplane."""
+
+    xplane: str
+    logdir: str
+    """The capture's directory, '<trace root>/<run id>/<cell>': the `--logdir` of xprof or
+    TensorBoard (reports.viewers.viewer_commands)."""
+    executions_per_step: list[int]
+    modules_per_step: list[list[str]]
+    step_ms: list[float]
+    busy_ms: list[float]
+    """Per traced step: the union of its executions' op intervals, each op until it
+    completed (harness.measure.trace.parse_steps)."""
+    host_ms: list[float]
+    """Per traced step: step_ms - busy_ms, the time no op of the step was running."""
+
+
+@_section
+class ExecutablePlan:
+    """One executable of a plan: XLA's memory analysis for the target (bytes per device)
+    and what one call moves and computes (harness.xla.counts; per device)."""
+
+    calls_per_step: int
+    argument: int
+    output: int
+    alias: int
+    temp: int
+    peak_memory_in_bytes: int
+    """XLA's own peak of the executable's buffer assignment."""
+    host_temp: int
+    held_bytes: int
+    """Train state in HBM while it runs that is not one of its arguments (the optimizer
+    moments while a split fwd/bwd runs)."""
+    hbm_bytes: float | None
+    """Bytes one call reads from and writes to HBM (memory space 0), loops counted."""
+    flops: float | None
+    """Matmul FLOPs of one call, loops counted."""
+    collective_bytes: dict[str, float] | None
+    """One call's collective bytes by kind: what each device sends under ring algorithms
+    (harness.xla.counts), loops counted."""
+    trip_counts: list[int]
+    unavailable: str | None = None
+    """Why hbm_bytes, flops and collective_bytes are None (a loop of unreadable length)."""
+    compile_s: float = 0.0
+    """Seconds XLA:TPU took to compile it here (0 when read from the plan cache)."""
+    cached: bool = False
+    """Read back from the plan cache: the same program, compiler and target planned
+    before (harness.cell.plan)."""
+
+
+@_section
+class Plan:
+    """XLA's plan of the cell's step for a TPU topology, compiled without its hardware: the
+    compiler's static buffer assignment and cost model, an upper bound on peak HBM, never a
+    measurement. Exact: the same code and versions give the same figures."""
+
+    target: str
+    slices: int
+    device_kind: str
+    device_count: int
+    libtpu: str | None
+    mesh: dict[str, int]
+    """The cell's mesh axes on the target."""
+    hbm_capacity_bytes: int | None
+    """HBM one device may use, as XLA:TPU states it (harness.xla.target.available_hbm)."""
+    executables: dict[str, ExecutablePlan]
+    resident_bytes: dict[str, int]
+    """Train state the trainer holds in HBM between executables, per device, by part
+    (params, opt_state, accumulator, rest)."""
+    planned_peak_bytes: int
+    """Max over the executables a step runs of argument + output + temp - alias + held."""
+    peak_executable: str
+    xla_peak_bytes: int
+    """Max over the same executables of XLA's peak_memory_in_bytes + held."""
+    hbm_bytes_per_step: float | None
+    flops_per_step: float | None
+    """Matmul FLOPs per step per device (remat recompute included)."""
+    model_flops_per_step: float
+    """The analytic model FLOPs of the step's tokens (all devices; harness.measure.flops)."""
+    collective_bytes_per_step: dict[str, float] | None
+    fits: bool | None
+    """planned_peak_bytes <= hbm_capacity_bytes (None: capacity unknown)."""
+    compile_s: float
+    """Seconds spent compiling the executables here (those read from the plan cache: 0)."""
+    host_peak_rss_bytes: int | None
+    """The plan process's peak resident memory on the host."""
+    hlo_dir: str | None = None
+    """Where each executable's optimized HLO text was written (`parity plan --save-hlo`)."""
+
+
+@_section
+class Environment:
+    """What must match for two records to be compared (and where they ran)."""
+
+    git_sha: str | None
+    git_dirty: bool | None
+    versions: dict[str, str | None]
+    python: str
+    backend: str
+    device_kind: str
+    device_count: int
+    local_device_count: int
+    process_count: int
+    xla_flags: str
+    host: str
+    host_malloc: str = ""
+    """Allocator settings the cell ran under (`MALLOC_*=...`, a preloaded malloc); on CPU
+    they decide whether each execution's temp buffer faults in fresh pages
+    (harness.system.allocator)."""
+
+    COMPARABLE: typing.ClassVar[tuple[str, ...]] = (
+        "versions", "backend", "device_kind", "device_count", "process_count", "xla_flags",
+        "host_malloc")
+    """What two records must share to be compared (git sha and dirtiness are what A/B
+    varies; python and host are informational)."""
+
+    PLAN_COMPARABLE: typing.ClassVar[tuple[str, ...]] = tuple(
+        k for k in COMPARABLE if k != "host_malloc")
+    """What two plans must share: a plan is the compiler's output for the target, the same
+    to the byte whichever allocator the host compiled it with (harness.system.allocator)."""
+
+    def comparable_key(self, plan: bool = False) -> tuple:
+        """The COMPARABLE (for a `plan`, PLAN_COMPARABLE) values as canonical JSON (dict key
+        order never matters)."""
+        names = self.PLAN_COMPARABLE if plan else self.COMPARABLE
+        return tuple(json.dumps(getattr(self, k), sort_keys=True) for k in names)
+
+
+@_section
+class Failure:
+    reason: str
+    """exception, crash, timeout, killed, oom, peer-died."""
+    message: str
+    traceback: str | None = None
+    stderr_tail: str | None = None
+
+
+@_section
+class ABTag:
+    """Which side of an A/B run a record belongs to."""
+
+    side: str
+    """"A" or "B"."""
+    sha: str
+
+
+@_section
+class Record:
+    """One cell's result: one JSON line in a results file."""
+
+    schema: int = SCHEMA
+    status: str = "ok"
+    """"ok" or "failed" (then `error` says why and the measured sections are None)."""
+    error: Failure | None = None
+    run_id: str | None = None
+    suite: str | None = None
+    arm: str | None = None
+    about: str | None = None
+    """The arm in words: '<trainer> on <model>'."""
+    spec: Spec | None = None
+    config_hash: str | None = None
+    run: RunOptions | None = None
+    timestamp: str | None = None
+    wall_s: float | None = None
+    """The cell process's wall time, start to exit."""
+    environment: Environment | None = None
+    timing: Timing | None = None
+    cost: Cost | None = None
+    memory: Memory | None = None
+    parity: Parity | None = None
+    trace: Trace | None = None
+    round: int = 0
+    """Index of this process among the cell's interleaved rounds in its run."""
+    ab: ABTag | None = None
+    plan: Plan | None = None
+    """A plan record's plan (run.plan_target says for which target)."""
+    phases: dict[str, float] | None = None
+    """Wall seconds of each phase of the cell's process, in order (harness.cell.phases.Phases):
+    start (interpreter start-up, or the fork from a zygote), imports, backend, build,
+    compile, warmup, memory, timed, cost, trace, reference (the exact gradient), record;
+    on the first cell a zygote forked, `preload` first: the seconds the zygote spent
+    importing its arm's packages (harness.cell.zygote). None in records written without it."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def cell_key(self) -> tuple:
+        """Records with equal keys measured the same work the same way in comparable
+        environments: their samples may be pooled or compared."""
+        plan = bool(self.run and self.run.plan_target)
+        env = self.environment.comparable_key(plan) if self.environment else None
+        run = None
+        if plan:  # a plan: its target, not how it would be run
+            run = ("plan", self.run.plan_target, self.run.plan_slices, self.run.plan_libtpu)
+        elif self.run:
+            run = (self.run.steps, self.run.warmup,
+                   *((tuple(self.run.pairing),) if self.run.pairing else ()))
+        return (self.arm, self.config_hash, run, env)
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as plain JSON data (the layout of schema `SCHEMA`)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "record", *, whole: bool = True) -> Record:
+        """A validated record from JSON data of any schema version; `where` (e.g.
+        'results.jsonl:3') prefixes every error. `whole`: a stored record, also `check`ed
+        (a worker's own part, before the runner adds how it ran, is not)."""
+        if not isinstance(data, dict):
+            raise RecordError(f"{where}: not a parity record (a JSON object is expected)")
+        record = section(cls, upgrade(data, where), where)
+        if whole:
+            record.check(where)
+        return record
+
+    def check(self, where: str = "record") -> None:
+        """Raises RecordError for a record no writer produces: an unknown status, a failure
+        without its reason, a result without its measurements (timing, or a plan's plan),
+        a timed window with no steps or a step time that is not a finite number."""
+        if self.status not in ("ok", "failed"):
+            raise RecordError(f"{where}: field 'status': {self.status!r} is neither 'ok' nor "
+                              "'failed'")
+        if self.status == "failed":
+            if self.error is None:
+                raise RecordError(f"{where}: field 'error': a failed record says why it failed")
+            return
+        if self.run is not None and self.run.plan_target:
+            if self.plan is None:
+                raise RecordError(f"{where}: field 'plan': an ok plan record (run.plan_target "
+                                  f"{self.run.plan_target}) holds its plan")
+            return
+        if self.timing is None:
+            raise RecordError(f"{where}: field 'timing': an ok record holds its timing")
+        if not self.timing.step_ms:
+            raise RecordError(f"{where}: field 'timing.step_ms': an ok record has at least "
+                              "one timed step")
+        bad = [i for i, ms in enumerate(self.timing.step_ms) if not math.isfinite(ms)]
+        if bad:
+            raise RecordError(f"{where}: field 'timing.step_ms[{bad[0]}]': "
+                              f"{self.timing.step_ms[bad[0]]} is not a finite time")
+

@@ -1,0 +1,75 @@
+"""Schema versions of the record's JSON layout, and how each earlier one is upgraded.
+
+Every record carries the version of its layout in its `schema` field, and `SCHEMA` is the
+version `Record.to_json` writes. A reader passes data of any version through `upgrade` before
+checking it: a renamed field gets its current name, a value that cannot be carried over is
+dropped as unavailable with the reason, and a field the data lacks keeps its default. So data
+of any version this reader knows reads as a current record, and data of a version it does not
+know raises `RecordError`.
+"""
+
+from __future__ import annotations
+
+from reports.record.errors import RecordError
+
+SCHEMA = 4
+"""Version of the layout `to_json` writes. 1: the environment was `fingerprint`, the
+compiled cost `flops`, the step statistics `timing.summary`, the data digest
+`parity.data_fingerprint`, the executions `timing.executions_per_step_dispatched`.
+2: XLA's compiled FLOPs and bytes were not loop-aware (a while-loop body counted once), there
+were no model FLOPs, and the round lived only in the A/B tag. 3: there were no plans (no
+`plan` section, no `run.plan_target`)."""
+
+
+def upgrade(data: dict, where: str = "record") -> dict:
+    """`data` in the current schema's layout (a copy); raises RecordError for an unknown one."""
+    schema = data.get("schema")
+    if schema == SCHEMA:
+        return data
+    if schema == 3:  # schema 4 only added fields (plans), with defaults
+        return dict(data, schema=SCHEMA)
+    if schema == 2:
+        return _upgrade_2(data)
+    if schema != 1:
+        raise RecordError(f"{where}: not a parity record (schema {schema!r}, this version "
+                          f"reads 1-{SCHEMA})")
+    data = dict(data, schema=2)
+    data["environment"] = data.pop("fingerprint", None)
+    if data.get("timing"):
+        timing = data["timing"] = dict(data["timing"])
+        timing["stats"] = timing.pop("summary")
+        timing["executions_per_step"] = timing.pop("executions_per_step_dispatched")
+    flops = data.pop("flops", None)
+    if flops:
+        data["cost"] = {"flops_per_step": flops["per_step"], "flops_per_s": flops["flops_per_s"],
+                        "mfu_vs_bf16_peak": flops["mfu_vs_bf16_peak"],
+                        "flops_per_executable": flops["per_executable"],
+                        "calls_per_step": flops["calls_per_step"],
+                        "bytes_accessed_per_step": flops.get("bytes_accessed_per_step"),
+                        "bytes_accessed_per_executable":
+                            flops.get("bytes_accessed_per_executable")}
+    if data.get("parity"):
+        parity = data["parity"] = dict(data["parity"])
+        parity["data_digest"] = parity.pop("data_fingerprint")
+    return _upgrade_2(data)
+
+
+def _upgrade_2(data: dict) -> dict:
+    """Schema 2 -> 4. Its compiled FLOPs and bytes counted a while-loop body once, so they
+    are dropped as unavailable rather than carried over silently low."""
+    data = dict(data, schema=SCHEMA)
+    if data.get("ab"):
+        ab = data["ab"] = dict(data["ab"])
+        data["round"] = ab.pop("round", 0)
+    cost = data.get("cost")
+    if cost:
+        names = list(cost.get("flops_per_executable") or {})
+        why = "schema-2 record: XLA's count was not loop-aware"
+        data["cost"] = {
+            "model_flops_per_step": None, "model_flops_per_s": None, "mfu_vs_bf16_peak": None,
+            "compiled_flops_per_step": None, "bytes_accessed_per_step": None,
+            "calls_per_step": cost["calls_per_step"],
+            "compiled_flops_per_executable": dict.fromkeys(names),
+            "bytes_accessed_per_executable": dict.fromkeys(names),
+            "loop_trip_counts": {}, "unavailable": dict.fromkeys(names, why)}
+    return data

@@ -1,0 +1,102 @@
+"""harness.measure.xplane on real GPU captures recorded by others (tests/data/traces, see
+its README),
+each figure checked against one computed here from the raw events, by other means."""
+
+import collections
+import pathlib
+
+import pytest
+from jax.profiler import ProfileData
+
+from harness.measure import trace
+
+TRACES = pathlib.Path(__file__).resolve().parents[2] / "data" / "traces"
+CAPTURES = sorted(TRACES.glob("*/*.xplane.pb"))
+
+
+def _covered_ns(spans) -> float:
+    """Time at least one span covers: a sweep over the sorted boundaries, counting how many
+    spans are open (not the parser's merge of sorted intervals)."""
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans],
+                   key=lambda e: (e[0], -e[1]))
+    total, depth, opened = 0.0, 0, None
+    for time, step in edges:
+        if depth == 0 and step == 1:
+            opened = time
+        depth += step
+        if depth == 0:
+            total += time - opened
+    return total
+
+
+def _expected(path) -> dict:
+    """Per device plane, from the raw events: busy ns (kernels: events whose host launch is
+    not a memory copy), executions per module (distinct host dispatches,
+    `PJRT_LoadedExecutable_Execute`, holding a launch of that module's ops on that device)
+    and the op with the most summed time."""
+    data = ProfileData.from_file(str(path))
+    launches, dispatches, device_events = {}, [], collections.defaultdict(list)
+    for plane in data.planes:
+        for line in plane.lines:
+            for event in line.events:
+                stats = dict(event.stats)
+                if plane.name.startswith("/device:"):
+                    if "correlation_id" in stats:
+                        device_events[plane.name].append((event, stats))
+                elif "correlation_id" in stats:
+                    launches[str(stats["correlation_id"])] = (event.start_ns, event.name, stats)
+                elif event.name == "PJRT_LoadedExecutable_Execute":
+                    dispatches.append((event.start_ns, event.start_ns + event.duration_ns))
+    expected = {}
+    for device, events in device_events.items():
+        kernels, modules, by_op = [], collections.defaultdict(set), collections.Counter()
+        for event, stats in events:
+            launch_start, launch_name, launch_stats = launches[str(stats["correlation_id"])]
+            copy = "memcpy" in launch_name.lower() or "memcpy_details" in launch_stats
+            if not copy:
+                kernels.append((event.start_ns, event.start_ns + event.duration_ns))
+                by_op[stats.get("hlo_op", event.name)] += event.duration_ns
+            if "hlo_module" in stats:
+                (window,) = [d for d in dispatches if d[0] <= launch_start <= d[1]]
+                modules[stats["hlo_module"]].add(window)
+        expected[device] = {"busy_ns": _covered_ns(kernels),
+                            "modules": {m: len(w) for m, w in modules.items()},
+                            "top_op": by_op.most_common(1)[0][0]}
+    return expected
+
+
+@pytest.mark.parametrize("path", CAPTURES, ids=lambda p: p.parent.name)
+def test_device_planes_of_real_captures(path):
+    expected = _expected(path)
+    found = {d["name"]: d for d in trace.summarize(str(path))["devices"]}
+    assert set(found) == set(expected)  # every active plane, and no idle one
+    for device, want in expected.items():
+        got = found[device]
+        assert got["busy_ms"] == pytest.approx(want["busy_ns"] / 1e6, rel=1e-3), device
+        assert got["modules"] == want["modules"], device
+        assert got["executions"] == sum(want["modules"].values()), device
+        assert got["top_ops"][0][0] == want["top_op"], device
+        assert got["busy_ms"] > 0 and got["span_ms"] >= got["busy_ms"]
+
+
+def test_the_busy_device_need_not_be_the_first():
+    """jax_conv_minimal: the convolution runs on GPU:1..7 too; GPU:0 holds the copies."""
+    (path,) = [p for p in CAPTURES if p.parent.name.endswith("conv_minimal_08")]
+    found = {d["name"]: d for d in trace.summarize(str(path))["devices"]}
+    assert {f"/device:GPU:{i}" for i in range(8)} <= set(found)
+    assert found["/device:GPU:0"]["memcpy_ms"] > 0
+    assert all(found[f"/device:GPU:{i}"]["modules"] == {"jit_forward_3d_conv": 5}
+               for i in range(1, 8))
+
+
+def test_every_capture_of_the_data_readme_is_here():
+    assert [p.parent.name for p in CAPTURES] == [
+        "tracelens-jax-te-fused-attn", "tracelens-mi300-jax08_attention",
+        "tracelens-mi300-jax08_elementwise", "tracelens-mi300-jax08_gemm",
+        "tracelens-mi300-jax_conv_minimal_08"]
+
+
+def test_a_capture_without_step_annotations_is_one_window():
+    summary = trace.summarize(str(CAPTURES[0]))
+    assert summary["steps"] == [] and summary["devices"]
+    assert trace.parse_steps(str(CAPTURES[0])) == []
