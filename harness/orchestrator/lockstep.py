@@ -86,7 +86,11 @@ class LockstepPairs:
         with spawn.worker_dir("parity-lockstep-") as tmp, contextlib.ExitStack() as stack:
             oom = spawn.OomWatch()
             start = time.perf_counter()
-            sides = [self._start(stack, slot, tmp / str(k)) for k, slot in enumerate(task)]
+            # Both started and registered on `stack` before a stop may land: one landing
+            # between a worker's start and its registration would leave it running while
+            # the temp dirs it writes into are removed.
+            with spawn.stops_held():
+                sides = [self._start(stack, slot, tmp / str(k)) for k, slot in enumerate(task)]
             for side in sides:
                 side.expect(READY, deadline)
             for index in range(self.slices):

@@ -159,6 +159,18 @@ def wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int | None, int | No
 
 
 @contextlib.contextmanager
+def stops_held() -> Iterator[None]:
+    """Holds SIGINT, SIGTERM and SIGHUP in this thread for the block: one that arrives in it
+    lands as it ends. Work that must not be cut in two (a process started, then registered
+    where the way out will kill it) goes inside."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+@contextlib.contextmanager
 def started_worker(args: list[str], env: dict[str, str], err_path: Path, cwd: Path | None,
                    pass_fds: Sequence[int] = (),
                    module: str | None = None) -> Iterator[subprocess.Popen]:
