@@ -154,7 +154,7 @@ class Plan(Command):
 
         wanted = request(args, args.out)
         options = plan_job.check(wanted, jobs=args.jobs, save_hlo=args.save_hlo)
-        target = plan_job.target(options, args.out, name=args.target,
+        target = plan_job.describe_target(options, args.out, name=args.target,
                                  slices=args.target_slices, save_hlo=args.save_hlo,
                                  cache=not args.no_plan_cache)
         path, records = plan_job.plan(wanted, options, target, run_id=args.run_id,
@@ -232,7 +232,7 @@ class Nightly(Command):
         options, threshold, report_dir = nightly.prepare(
             wanted, threshold=args.threshold, report=args.report, publish_to=args.publish)
         # A target libtpu cannot plan fails before the grid runs.
-        target = plan_job.target(options, args.history, name=args.target) if args.plan \
+        target = plan_job.describe_target(options, args.history, name=args.target) if args.plan \
             else None
         code, text = nightly.nightly(wanted, options, threshold=threshold,
                                      report_dir=report_dir, target=target,

@@ -45,8 +45,9 @@ def check(request: Request, *, jobs: int | None, save_hlo: bool) -> dict:
     return options
 
 
-def target(options: dict, out: Path, *, name: str | None = None, slices: int | None = None,
-           save_hlo: bool = False, cache: bool = True) -> dict:
+def describe_target(options: dict, out: Path, *, name: str | None = None,
+                    slices: int | None = None, save_hlo: bool = False,
+                    cache: bool = True) -> dict:
     """The target the cells are planned for (harness.xla.target.probe: libtpu loaded in a
     process of its own), as the grid needs it: the topology named, else the suite's, else
     TPU7X; the plan cache under `out`; whether each executable's HLO is saved."""
@@ -62,8 +63,8 @@ def target(options: dict, out: Path, *, name: str | None = None, slices: int | N
 def plan(request: Request, options: dict, target: dict, *, run_id: str | None = None,
          jobs: int | None = None, watch: Watch = quiet) -> tuple[Path, list[Record]]:
     """`parity plan`: (results path, records) of every cell of `options` planned for
-    `target` (`target`), `jobs` at a time (default `default_jobs`), each process allowed
-    to load libtpu beside the others."""
+    `target` (`describe_target`), `jobs` at a time (default `default_jobs`), each process
+    allowed to load libtpu beside the others."""
     grid = Grid(request, options, run_id=run_id, target=target)
     jobs = jobs if jobs is not None else default_jobs()
     env = {**grid.env, tpu.MULTIPLE_LOAD_ENV: "1"} if jobs > 1 else grid.env

@@ -100,8 +100,8 @@ def test_cell_key_ignores_dict_order_and_the_git_sha():
 
 
 def test_the_host_allocator_keys_timed_records_but_not_plans():
-    """A timed cell's allocator changes its timings (harness.runner.HOST_MALLOC); a plan is
-    the compiler's output, the same whatever malloc the host compiled it with."""
+    """A timed cell's allocator changes its timings (harness.system.allocator.HOST_MALLOC); a
+    plan is the compiler's output, the same whatever malloc the host compiled it with."""
     from tests.reports.site import synthetic
 
     records = synthetic.nightly_history(nights=1, arms=("native",), presets=("qwen3-8b",),

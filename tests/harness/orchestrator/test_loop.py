@@ -14,21 +14,13 @@ import pytest
 from harness.grid.expand import expand
 from harness.jobs.run import run_grid
 from harness.measure.memory import RESERVE_PER_EXECUTION
-from harness.orchestrator.environment import cpu_env
 from harness.store import results
 from harness.system.allocator import HOST_MALLOC, describe
 from reports.record import Failure, Record, ResultsError, read, read_dir
+from tests.harness.cli_helpers import cli_env
 
 PLUGIN = "tests.harness.fault_arms"
 TINY = {"preset": "tiny", "seq": 16, "batch": 4, "steps": 2, "warmup": 1}
-REPO = Path(__file__).resolve().parents[3]
-
-
-def _env():
-    env = cpu_env(None)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("XLA_FLAGS", None)
-    return env
 
 
 def test_failing_cells_are_recorded_and_the_grid_completes(tmp_path):
@@ -37,9 +29,9 @@ def test_failing_cells_are_recorded_and_the_grid_completes(tmp_path):
     cells = expand({**TINY, "arms": ["native", "test-raise", "test-exit", "engine"],
                     "trace": True, "trace_steps": 2})
     cells = [dataclasses.replace(c, plugins=(PLUGIN,), trace_dir=str(tmp_path)) for c in cells]
-    path, records = run_grid(cells, tmp_path, env=_env(), timeout_s=300)
+    path, records = run_grid(cells, tmp_path, env=cli_env(), timeout_s=300)
     (hang,) = expand({**TINY, "arms": ["test-hang"]})
-    _, hung = run_grid([dataclasses.replace(hang, plugins=(PLUGIN,))], tmp_path, env=_env(),
+    _, hung = run_grid([dataclasses.replace(hang, plugins=(PLUGIN,))], tmp_path, env=cli_env(),
                        timeout_s=5, run_id="hang")
     by_arm = {r.arm: r for r in records + hung}
     assert by_arm["native"].ok and by_arm["engine"].ok
@@ -70,7 +62,7 @@ def test_failing_cells_are_recorded_and_the_grid_completes(tmp_path):
 def test_only_plans_run_side_by_side(tmp_path):
     cells = expand({**TINY, "arms": ["native", "engine"]})
     with pytest.raises(ValueError, match="only plans run side by side; a timed cell runs alone"):
-        run_grid(cells, tmp_path, env=_env(), timeout_s=60, jobs=2)
+        run_grid(cells, tmp_path, env=cli_env(), timeout_s=60, jobs=2)
     assert not list(tmp_path.glob("*.jsonl"))
 
 
@@ -79,7 +71,7 @@ def test_rounds_load_their_programs_and_shapes_share_one_reference(tmp_path):
     cache) and gets the same executables: equal compiled cost and planned memory. The second
     arm of a shape reads the exact reference the first computed. Each record says which."""
     cells = expand({**TINY, "arms": ["native", "engine-fused"]})
-    _, records = run_grid(cells, tmp_path, env=_env(), timeout_s=300, rounds=2)
+    _, records = run_grid(cells, tmp_path, env=cli_env(), timeout_s=300, rounds=2)
     by = {(r.arm, r.round): r for r in records}
     assert [(r.arm, r.round) for r in records] == [
         ("native", 0), ("engine-fused", 0), ("engine-fused", 1), ("native", 1)]
@@ -109,7 +101,7 @@ def test_an_arms_second_shape_loads_only_what_does_not_depend_on_the_shape(tmp_p
     and its update (neither depends on GA) and compiles its fwd/bwd cold. What it loaded is
     the executable it would have compiled: the same update cost as the GA 1 cell's."""
     cells = expand({**TINY, "arms": ["engine"], "ga": [1, 2]})
-    _, (ga1, ga2) = run_grid(cells, tmp_path, env=_env(), timeout_s=300)
+    _, (ga1, ga2) = run_grid(cells, tmp_path, env=cli_env(), timeout_s=300)
     assert ga1.timing.compile_cache_hits == 0 < ga1.timing.compiles
     assert 0 < ga2.timing.compile_cache_hits < ga2.timing.compiles
     update = ga1.cost.bytes_accessed_per_executable["update"]
@@ -141,7 +133,7 @@ def test_work_alongside_runs_while_the_zygotes_import_and_its_failure_ends_the_r
         raise RuntimeError("the selftest failed")
 
     with pytest.raises(RuntimeError, match="the selftest failed"):
-        run_grid(cells, tmp_path, env=_env(), timeout_s=300, alongside=alongside)
+        run_grid(cells, tmp_path, env=cli_env(), timeout_s=300, alongside=alongside)
     assert seen == [2]
     assert list(tmp_path.glob("*.jsonl")) == []
     assert _zygotes_of_this_process() == []
@@ -151,7 +143,7 @@ def test_a_forked_worker_measures_what_a_fresh_interpreter_does(tmp_path):
     """The zygote only saves the imports: a cell forked from it compiles the same programs,
     plans the same memory and computes the same gradient as one in a fresh interpreter."""
     (cell,) = expand({**TINY, "arms": ["engine"]})
-    (forked,), (fresh,) = (run_grid([cell], tmp_path, env=_env(), timeout_s=300,
+    (forked,), (fresh,) = (run_grid([cell], tmp_path, env=cli_env(), timeout_s=300,
                                     prefork=prefork)[1] for prefork in (True, False))
     assert "preload" in forked.phases and "preload" not in fresh.phases
     untimed = {"model_flops_per_s": None, "mfu_vs_bf16_peak": None}
@@ -169,7 +161,7 @@ def test_a_zygote_that_dies_fails_its_cell_and_the_next_cell_gets_a_new_one(tmp_
 
     cells = expand({**TINY, "arms": ["test-kill-zygote", "native"], "parity": False})
     cells = [dataclasses.replace(c, plugins=(PLUGIN,)) for c in cells]
-    _, records = run_grid(cells, tmp_path, env=_env(), timeout_s=120, rounds=2)
+    _, records = run_grid(cells, tmp_path, env=cli_env(), timeout_s=120, rounds=2)
     killed = [r for r in records if r.arm == "test-kill-zygote"]
     # Both rounds were forked (the arm refuses to run otherwise): the second by a new zygote.
     assert [r.error.reason for r in killed] == ["crash", "crash"]
@@ -182,7 +174,7 @@ def test_without_maxtext_only_the_maxtext_arms_fail_and_say_why(tmp_path):
     cells = expand({**TINY, "arms": ["native", "peft-maxtext", "maxtext-engine"],
                     "parity": False, "remat": "full"})
     cells = [dataclasses.replace(c, plugins=("tests.harness.no_maxtext",)) for c in cells]
-    _, records = run_grid(cells, tmp_path, env=_env(), timeout_s=300)
+    _, records = run_grid(cells, tmp_path, env=cli_env(), timeout_s=300)
     by_arm = {r.arm: r for r in records}
     assert by_arm["native"].ok
     for arm in ("peft-maxtext", "maxtext-engine"):
@@ -195,7 +187,7 @@ def test_sigint_keeps_finished_cells_and_valid_jsonl(tmp_path):
                "--preset", "tiny", "--seq", "16,32,64", "--rounds", "3", "--batch", "4",
                "--ga", "1",
                "--steps", "2", "--warmup", "1", "--no-parity", "--out", str(tmp_path)]
-    proc = subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(command, env=cli_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
     while time.time() < deadline:
@@ -239,7 +231,7 @@ def test_sigint_keeps_finished_cells_and_valid_jsonl(tmp_path):
 def test_bad_input_is_one_clear_error_before_any_cell(tmp_path, args, message):
     base = ["--arms", "native", "--preset", "tiny", "--seq", "16", "--batch", "4"]
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", *base, *args,
-                           "--out", str(tmp_path)], env=_env(), capture_output=True,
+                           "--out", str(tmp_path)], env=cli_env(), capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr

@@ -1,4 +1,4 @@
-"""harness.pool: plan cells side by side, one key at a time."""
+"""harness.orchestrator.pool: plan cells side by side, one key at a time."""
 
 import threading
 

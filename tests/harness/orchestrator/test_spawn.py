@@ -2,24 +2,12 @@
 memory, killed, a lost peer, a compiler abort; and what a cell's exception stands for."""
 
 import dataclasses
-import os
 import signal
-from pathlib import Path
 
 from harness.grid.expand import expand
 from harness.jobs.run import run_grid
-from harness.orchestrator.environment import cpu_env
-
-PLUGIN = "tests.harness.fault_arms"
-TINY = {"preset": "tiny", "seq": 16, "batch": 4, "steps": 2, "warmup": 1}
-REPO = Path(__file__).resolve().parents[3]
-
-
-def _env():
-    env = cpu_env(None)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("XLA_FLAGS", None)
-    return env
+from tests.harness.cli_helpers import cli_env
+from tests.harness.orchestrator.test_loop import PLUGIN, TINY
 
 
 def test_out_of_memory_is_recorded_as_oom_and_an_outside_sigkill_as_killed(tmp_path):
@@ -27,7 +15,7 @@ def test_out_of_memory_is_recorded_as_oom_and_an_outside_sigkill_as_killed(tmp_p
 
     cells = expand({**TINY, "arms": ["test-oom", "test-sigkill"], "parity": False})
     cells = [dataclasses.replace(c, plugins=(PLUGIN,)) for c in cells]
-    _, records = run_grid(cells, tmp_path, env=_env(), timeout_s=300)
+    _, records = run_grid(cells, tmp_path, env=cli_env(), timeout_s=300)
     oom, killed = records
     assert oom.error.reason == "oom", oom.error
     assert "RESOURCE_EXHAUSTED: Out of memory allocating" in oom.error.message

@@ -7,21 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.orchestrator.environment import cell_environment, cpu_env
+from harness.orchestrator.environment import cell_environment
 from harness.system.allocator import HOST_MALLOC, describe
+from tests.harness.cli_helpers import cli_env
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _env():
-    env = cpu_env(None)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("XLA_FLAGS", None)
-    return env
-
-
 def test_env_prints_the_environment():
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "env"], env=_env(),
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "env"], env=cli_env(),
                           capture_output=True, text=True, timeout=120)
     env = json.loads(proc.stdout)
     assert env["backend"] == "cpu" and env["versions"]["jax"] == "0.11.2"
@@ -30,7 +24,7 @@ def test_env_prints_the_environment():
     assert env["host_malloc"] == describe(HOST_MALLOC)
     # A user's own glibc settings are kept as they are, and are what is recorded.
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "env"],
-                          env={**_env(), "MALLOC_ARENA_MAX": "4"}, capture_output=True,
+                          env={**cli_env(), "MALLOC_ARENA_MAX": "4"}, capture_output=True,
                           text=True, timeout=120)
     assert json.loads(proc.stdout)["host_malloc"] == "MALLOC_ARENA_MAX=4"
     assert describe({"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX2"}) == ""
@@ -56,7 +50,7 @@ def test_plan_processes_run_on_mimalloc():
     anything, and the process's `malloc` is mimalloc's."""
     from harness.system.allocator import MIMALLOC, compile_env
 
-    env = compile_env(_env())
+    env = compile_env(cli_env())
     assert describe(env) == (
         "LD_PRELOAD=libmimalloc.so.3 MIMALLOC_ARENA_EAGER_COMMIT=1 MIMALLOC_PURGE_DELAY=-1")
     probe = ("import ctypes; libc = ctypes.CDLL(None); "
@@ -66,9 +60,10 @@ def test_plan_processes_run_on_mimalloc():
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
                          text=True, timeout=60, check=True).stdout.split()
     assert out == ["True", "True"]
-    out = subprocess.run([sys.executable, "-c", probe], env=_env(), capture_output=True,
+    out = subprocess.run([sys.executable, "-c", probe], env=cli_env(), capture_output=True,
                          text=True, timeout=60, check=True).stdout.split()
     assert out == ["False", "False"]  # without it: not mapped until the probe loads it
+
 
 _STEP_FAULTS = """
 import json, resource, jax
@@ -104,8 +99,8 @@ def test_cpu_cells_keep_freed_temp_memory_so_a_step_faults_no_pages_in():
         temp, per_step = json.loads(proc.stdout.splitlines()[-1])
         return temp // os.sysconf("SC_PAGE_SIZE"), sorted(per_step)
 
-    pages, default = faults(_env())
+    pages, default = faults(cli_env())
     assert pages * os.sysconf("SC_PAGE_SIZE") > 32 * 2**20  # above glibc's mmap threshold
     assert default[0] > 3.9 * pages, (pages, default)
-    _, pooled = faults({**_env(), **HOST_MALLOC})
+    _, pooled = faults({**cli_env(), **HOST_MALLOC})
     assert pooled[len(pooled) // 2] < pages / 2, (pages, pooled)

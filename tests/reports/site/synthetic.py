@@ -257,7 +257,7 @@ def nightly_history(*, nights: int = 365, arms=ARMS, presets=PRESETS, gas=GAS,
                 records.append(record)
         if plans:
             plan_id = _run_id(clock + datetime.timedelta(seconds=5), 5000 + night)
-            # plans compile under their own allocator (harness.plan.target.compile_env)
+            # plans compile under their own allocator (harness.system.allocator.compile_env)
             plan_env = dataclasses.replace(env, host_malloc=(
                 "LD_PRELOAD=libmimalloc.so.3 MIMALLOC_ARENA_EAGER_COMMIT=1 "
                 "MIMALLOC_PURGE_DELAY=-1"))
