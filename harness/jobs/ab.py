@@ -34,10 +34,9 @@ SLICES = 5
 """Defaults: 16 rounds of 10 steps, A's and B's processes in lockstep, their steps in 5
 slices. On a 2-core CPU VM the noise is set by how far a whole process's median moves from
 the next process's (6-15%), against a 1-3% standard error of one process's median over 10
-steps, so rounds buy far more than steps. Measured there (`ab HEAD HEAD --arms native
---preset small`): processes one after the other, MDE 9.4-14.8% and 254-446 s; in lockstep,
-MDE 6.1-7.5% and 159-171 s (both processes build at once). A planted 5% slowdown read 1.038
-[1.004, 1.094] in lockstep and 1.049 [0.988, 1.114] one after the other."""
+steps, so rounds buy far more than steps; lockstep pairs slices seconds apart, which halves
+the CI's width against processes one after the other. The measured MDEs and wall times of
+both are in docs/numbers.md ("Lockstep A/B")."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
