@@ -131,18 +131,76 @@ def _collective_bytes(module: Module, inst: Instruction, kind: str) -> float:
 
 
 def _matmul_flops(module: Module, inst: Instruction) -> float:
+    if inst.opcode == "convolution":
+        return convolution_flops(module, inst)
     out = math.prod(dims(inst.shape))
-    if inst.opcode == "dot":
-        lhs = dims(module.by_name[inst.operands[0]].shape)
-        contracting = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", inst.attributes)
-        axes = [int(d) for d in contracting.group(1).split(",") if d] if contracting else []
-        return 2.0 * out * math.prod(lhs[d] for d in axes)
-    kernel = dims(module.by_name[inst.operands[1]].shape)
-    labels = re.search(r"dim_labels=[^_]*_([0-9a-z]+)->", inst.attributes)
-    if labels is None or len(labels.group(1)) != len(kernel):
+    lhs = dims(module.by_name[inst.operands[0]].shape)
+    contracting = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", inst.attributes)
+    axes = [int(d) for d in contracting.group(1).split(",") if d] if contracting else []
+    return 2.0 * out * math.prod(lhs[d] for d in axes)
+
+
+_LABELS = re.compile(r"dim_labels=([0-9a-z]+)_([0-9a-z]+)->([0-9a-z]+)")
+_WINDOW = re.compile(r"window=\{([^}]*)\}")
+
+
+def _window(attributes: str, spatial: int) -> list[dict[str, int]]:
+    """Per spatial dimension of a convolution's window: size, stride, padding low and high,
+    lhs (base) and rhs (window) dilation. Absent fields are 1 (0 for padding)."""
+    found = [{"size": 1, "stride": 1, "low": 0, "high": 0, "lhs_dilate": 1, "rhs_dilate": 1}
+             for _ in range(spatial)]
+    window = _WINDOW.search(attributes)
+    for field in (window.group(1).split() if window else ()):
+        key, _, value = field.partition("=")
+        for d, part in enumerate(value.split("x")):
+            if key == "pad":
+                found[d]["low"], found[d]["high"] = (int(x) for x in part.split("_"))
+            elif key in ("size", "stride", "lhs_dilate", "rhs_dilate"):
+                found[d][key] = int(part)
+    return found
+
+
+def _valid_taps(window: dict[str, int], in_size: int, out_size: int) -> int:
+    """(output position, kernel tap) pairs of one spatial dimension that read an input
+    element: a tap that falls in the padding, or between the elements of a dilated input,
+    multiplies nothing."""
+    import numpy as np
+
+    out = np.arange(out_size)
+    count = 0
+    for tap in range(window["size"]):
+        at = out * window["stride"] - window["low"] + tap * window["rhs_dilate"]
+        index = at // window["lhs_dilate"]
+        count += int(np.count_nonzero((at % window["lhs_dilate"] == 0) & (index >= 0)
+                                      & (index < in_size)))
+    return count
+
+
+def convolution_flops(module: Module, inst: Instruction) -> float:
+    """FLOPs of a convolution, as XLA's cost model counts them: 2 x (input features per
+    group) x output features x (batch per group) x the (output position, kernel tap) pairs
+    of every spatial dimension that read an input element. XLA:TPU writes batched matmuls
+    (attention's per-head einsums) as convolutions whose window stands for a batch or head
+    dimension, padded so that only one tap of each window reads data: counting every tap
+    of the window would count the padding's zeros."""
+    labels = _LABELS.search(inst.attributes)
+    if labels is None:
         raise Unavailable(f"convolution %{inst.name} has no readable dim_labels")
-    return 2.0 * out * math.prod(n for n, label in zip(kernel, labels.group(1), strict=True)
-                                 if label != "o")
+    lhs_labels, rhs_labels, out_labels = labels.groups()
+    lhs = dims(module.by_name[inst.operands[0]].shape)
+    rhs = dims(module.by_name[inst.operands[1]].shape)
+    out = dims(inst.shape)
+    if (len(lhs), len(rhs), len(out)) != (len(lhs_labels), len(rhs_labels), len(out_labels)):
+        raise Unavailable(f"convolution %{inst.name}: dim_labels do not match its shapes")
+    groups = {key: int(inst.attribute(key) or 1)
+              for key in ("feature_group_count", "batch_group_count")}
+    spatial = len(lhs_labels) - 2
+    taps = math.prod(
+        _valid_taps(w, lhs[lhs_labels.index(str(d))], out[out_labels.index(str(d))])
+        for d, w in enumerate(_window(inst.attributes, spatial)))
+    return (2.0 * (lhs[lhs_labels.index("f")] // groups["feature_group_count"])
+            * rhs[rhs_labels.index("o")]
+            * (lhs[lhs_labels.index("b")] // groups["batch_group_count"]) * taps)
 
 
 def _users(module: Module, computation: str) -> dict[str, list[Instruction]]:

@@ -175,6 +175,30 @@ def test_resident_state_is_three_shards_of_every_parameter_to_the_byte(tmp_path,
         "data": 1, "fsdp": 4, "tensor": 2}
 
 
+def test_a_plans_matmul_flops_are_the_same_programs_on_the_cpu(native_plans):
+    """The plan's FLOPs per device are the matmuls of the program it planned: the same cell
+    compiled for 8 CPU devices (this process's, tests/conftest.py) holds the same matmul
+    FLOPs per device, counted from its HLO by the same reader, exactly (XLA:TPU writes some
+    of them as padded convolutions: harness.xla.counts.convolution_flops), and XLA:CPU's
+    own cost model of that program counts them too, with the elementwise work the plan
+    leaves out (7% more at this seq-16 shape). Counting a padded convolution's every tap
+    planned 1.5x to 5x the program's FLOPs."""
+    from arms.registry import make_arm
+    from arms.spec import CellSpec
+    from harness.xla import counts
+    from harness.xla.compiled import compiled_cost
+
+    _, cold, _ = native_plans
+    arm = make_arm("native", CellSpec.from_dict(cold.spec.__dict__), capture=False)
+    arm.build()
+    (compiled,) = arm.executables().values()
+    cpu_matmul = counts.costs(compiled.as_text()).flops
+    cpu_xla = compiled_cost(compiled).flops
+    arm.close()
+    assert cold.plan.flops_per_step == cpu_matmul
+    assert cpu_matmul < cpu_xla
+
+
 @pytest.mark.slow  # a third TPU compile of the step
 def test_a_plan_read_from_the_plan_cache_is_the_compiled_one(native_plans):
     """The second plan of the same program, target and versions reads the first's back:
