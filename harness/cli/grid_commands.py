@@ -275,21 +275,15 @@ class AB(Command):
     @classmethod
     def run(cls, args):
         from harness.jobs import ab
-        from harness.orchestrator import refs
         from harness.store.layout import OutDir
 
         check_fraction(args.threshold)
         wanted = request(args, args.out)
         options = check(wanted, defaults={"rounds": ab.ROUNDS, "steps": ab.STEPS,
                                           "trace": False})
-        slices = args.slices or ab.SLICES
-        ab.check(options, args.pairing, slices)
-        refs.check_repo()  # git's answers: the first processes started
-        refs.resolve(args.ref_a)
-        refs.resolve(args.ref_b)
-        refs.check_clean([args.ref_a, args.ref_b], allow_dirty=args.allow_dirty)
         result = ab.ab(args.ref_a, args.ref_b, wanted, options, pairing=args.pairing,
-                       slices=slices, min_effect=args.threshold,
+                       slices=args.slices or ab.SLICES, allow_dirty=args.allow_dirty,
+                       min_effect=args.threshold,
                        watch=Progress(kept_in=args.out, also_kept="worktrees removed"))
         rounds = options["rounds"]
         text = ab.markdown(args.ref_a, args.ref_b, result, rounds, args.threshold)

@@ -106,7 +106,3 @@ def check_ab_rounds(rounds: int, pairing: str, slices: int) -> None:
         raise ValueError(f"--rounds {rounds} with --slices {slices}: lockstep A/B needs at "
                          f"least 2 rounds and {stats.MIN_PAIRS} slice pairs in all (fewer "
                          "cannot reach 95% confidence)")
-
-
-PAIRINGS = {"run": (PROCESSES, IN_PROCESS), "ab": (LOCKSTEP, PROCESSES)}
-"""The pairings each timing command offers, its default first."""

@@ -20,7 +20,7 @@ from harness.jobs.grid import Grid, Request, Watch, quiet, traced
 from harness.orchestrator.executors import CellProcesses
 from harness.orchestrator.lockstep import LockstepPairs
 from harness.orchestrator.loop import Sink, Slot, Task, run_tasks, schedule
-from harness.orchestrator.refs import Ref, checked_out, resolve
+from harness.orchestrator.refs import Ref, check_clean, check_repo, checked_out, resolve
 from harness.store.layout import OutDir, RunStore, new_run_id
 from harness.system.reaper import REAPER
 from reports import stats
@@ -64,14 +64,19 @@ def check(options: dict, pairing: str, slices: int) -> None:
 
 
 def ab(ref_a: str, ref_b: str, request: Request, options: dict, *, pairing: str = LOCKSTEP,
-       slices: int = SLICES, min_effect: float = stats.MIN_EFFECT,
+       slices: int = SLICES, allow_dirty: bool = False, min_effect: float = stats.MIN_EFFECT,
        watch: Watch = quiet) -> ABResult:
     """Runs each cell of `options` from both refs, `rounds` times (schedule's order), A and
     B of a round side by side in lockstep or back to back; the rounds (and, in lockstep,
-    the slices inside them) are then compared as pairs. A ref whose worker cannot time in
-    lockstep is refused. Records go to OUT/<ab id>-A.jsonl and -B.jsonl."""
+    the slices inside them) are then compared as pairs. Bad input fails before any process
+    but git's: the rounds and slicing, a repository that is not a checkout, an unknown ref,
+    a ref naming a HEAD with uncommitted changes (unless `allow_dirty`); a ref whose worker
+    cannot time in lockstep is refused once checked out. Records go to OUT/<ab id>-A.jsonl
+    and -B.jsonl."""
     check(options, pairing, slices)
+    check_repo()
     shas = {"A": resolve(ref_a), "B": resolve(ref_b)}
+    check_clean([ref_a, ref_b], allow_dirty=allow_dirty)
     grid = Grid(request, options)
     ab_id = new_run_id("ab-")
     with tempfile.TemporaryDirectory(prefix="parity-ab-") as tmp, \

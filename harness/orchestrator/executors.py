@@ -97,9 +97,7 @@ def run_cell_process(cell: CellRun, env: dict[str, str], timeout_s: float,
                     code, max_rss = spawn.wait(proc, timeout_s)
         except ZygoteError as err:
             code, max_rss, lost = None, None, err
-        ended = spawn.Exit(code=code, stderr=spawn.read_stderr(err_path),
-                           wrote_record=out.exists(), max_rss_bytes=max_rss,
-                           oom_kills=oom.kills())
+        ended = spawn.Exit.of(code, max_rss, out, err_path, oom)
         elapsed = time.perf_counter() - start
         if lost and not ended.wrote_record:
             record = spawn.failure("crash", f"the zygote forking {cell.arm}'s workers {lost}",
@@ -165,9 +163,7 @@ class PairedProcesses:
             with spawn.started_worker(args, _env(task[0], self.pairing(task)), err_path,
                                       task[0].sink.cwd) as proc:
                 code, max_rss = spawn.wait(proc, timeout_s)
-            ended = spawn.Exit(code=code, stderr=spawn.read_stderr(err_path),
-                               wrote_record=out.exists(), max_rss_bytes=max_rss,
-                               oom_kills=oom.kills())
+            ended = spawn.Exit.of(code, max_rss, out, err_path, oom)
             return spawn.records_of(ended, out, timeout_s, len(cells),
                                     f"paired cell {'+'.join(self.pairing(task))}",
                                     time.perf_counter() - start)

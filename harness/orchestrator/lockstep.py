@@ -102,9 +102,7 @@ class LockstepPairs:
             records = []
             for side in sides:
                 code, max_rss = spawn.wait(side.proc, max(0.0, deadline - time.monotonic()))
-                ended = spawn.Exit(code=code, stderr=spawn.read_stderr(side.err),
-                                   wrote_record=side.out.exists(), max_rss_bytes=max_rss,
-                                   oom_kills=oom.kills())
+                ended = spawn.Exit.of(code, max_rss, side.out, side.err, oom)
                 where = f"lockstep cell {side.slot.cell.arm} ({side.slot.sink.run_id})"
                 records += spawn.records_of(ended, side.out, self.timeout_s, 1, where,
                                             time.perf_counter() - start)

@@ -76,6 +76,14 @@ class Exit:
     oom_kills: int = 0
     """OOM kills the kernel counted in this cgroup while the worker ran."""
 
+    @classmethod
+    def of(cls, code: int | None, max_rss: int | None, out: Path, err: Path,
+           oom: OomWatch) -> Exit:
+        """How the worker that wrote (or not) `out` and its output to `err` ended, with
+        the OOM kills `oom` counted meanwhile."""
+        return cls(code=code, stderr=read_stderr(err), wrote_record=out.exists(),
+                   max_rss_bytes=max_rss, oom_kills=oom.kills())
+
 
 def failure(reason: str, message: str, stderr: str) -> Record:
     """A failed record: `reason`, `message` and the tail of the worker's output."""

@@ -344,11 +344,3 @@ def hbm_bytes(hlo_text: str) -> int:
     straight-line elementwise programs, to within the scalars (XLA counts a scalar operand
     once per use in a fusion), which the tests check."""
     return int(costs(hlo_text).hbm_bytes)
-
-
-def parameter_sized(module: Module, opcode: str, size: int) -> list[Instruction]:
-    """Instructions of `opcode` anywhere in the module whose result holds at least `size`
-    bytes (e.g. the copies of a parameter-sized buffer)."""
-    return [i for body in module.computations.values() for i in body
-            if i.opcode == opcode and array_bytes(i.shape) >= size]
-
