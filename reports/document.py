@@ -134,7 +134,7 @@ def render(results: str | Path, output: str | Path, *, baseline_arm: str | None 
                 arm, _ = _baseline(plans, baseline_arm)
                 parts.append(plan.section(
                     plans, staged, prefix, arm,
-                    lambda title, path: _image(title, path, embed_images)))
+                    lambda title, path: _image(title, path, embed_images), measured=df))
         text = "\n\n".join(parts) + "\n"
         (staged / output.name).write_text(text)
         _publish(staged, output, images=not embed_images)

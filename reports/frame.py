@@ -73,6 +73,7 @@ def _cell_columns(r: Record) -> dict:
         "environment": environment_key(env),
         "git_sha": env.git_sha if env else None, "git_dirty": env.git_dirty if env else None,
         "device_count": env.device_count if env else None,
+        "device_kind": env.device_kind if env else None,
         "steps": run.steps, "warmup": run.warmup, "traced_window": run.trace,
         "plan_target": run.plan_target,
     }
@@ -148,7 +149,22 @@ def _plan_columns(p) -> dict:
         "plan_collective_bytes": sum(collectives.values()) if collectives else None,
         "plan_executables": dict(p.executables) if p else {},
         "plan_compile_s": p and p.compile_s, "plan_host_rss": p and p.host_peak_rss_bytes,
-        "plan_libtpu": p and p.libtpu,
+        "plan_libtpu": p and p.libtpu, **_roofline_columns(p and p.roofline),
+    }
+
+
+def _roofline_columns(roof) -> dict:
+    """A plan's roofline (per device and step, the compiler's figures against the
+    datasheet; None elsewhere)."""
+    step = roof and roof.step
+    collectives = step and step.collective_s
+    return {
+        "plan_compute_s": step and step.compute_s, "plan_memory_s": step and step.memory_s,
+        "plan_collective_s": sum(collectives.values()) if collectives else None,
+        "plan_bound_s": step and step.lower_bound_s, "plan_bound_by": step and step.bound_by,
+        "plan_model_s": roof and roof.model_compute_s,
+        "plan_mfu_ceiling": roof and roof.mfu_ceiling,
+        "plan_datasheet": roof and roof.datasheet,
     }
 
 

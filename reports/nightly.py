@@ -56,8 +56,11 @@ def summary_markdown(rows: list[NightlyRow], threshold: float) -> str:
                          f"| - | {changed} |")
             if c:
                 notes += [f"- {cell.name}: {ch.text()}" for ch in c.cost_changes]
+        if row.new_baseline:
+            notes.append(f"- {cell.name}: not compared (a new baseline): "
+                         + "; ".join(row.new_baseline))
     if notes:
-        lines += ["", "Cost changes and warnings:", *notes]
+        lines += ["", "Cost changes, new baselines and warnings:", *notes]
     if any(row.status == FIRST for row in rows):
         lines += ["", "Cells without comparable history (other versions, backend, device or "
                       "config) are not compared; they start a new baseline."]

@@ -95,6 +95,76 @@ def table(df: pd.DataFrame, baseline_arm: str) -> str:
                     rows, why={"TFLOP/step": "a loop of unreadable length in every plan"})
 
 
+ROOFLINE = (
+    "**Roofline**: the least time a step of this program can take on the target, from the "
+    "plan's figures against the device's datasheet (per device; not a measurement). Per "
+    "call of each executable: compute = matmul FLOPs / peak FLOP/s for the cell's dtype, "
+    "memory = HBM bytes / HBM bandwidth, collectives = the bytes a device sends under ring "
+    "algorithms / its share of the chip's bidirectional interconnect; the call's bound is "
+    "the largest of the three (they may overlap, at best entirely); a step's bound is "
+    "calls x that, summed over its executables, and **bound by** is what sets most of it. "
+    "**MFU ceiling** = the step's model FLOPs at peak / the bound: the MFU no run of this "
+    "program can exceed. **Measured**: the median ms/step of the same cell run on that "
+    "device kind, where such records are given, and measured / bound.")
+
+
+def _ms(value, digits: int = 2) -> str:
+    return MISSING if value is None or pd.isna(value) else f"{value * 1e3:.{digits}f}"
+
+
+def measured_on(plan_row, measured: pd.DataFrame | None):
+    """The median ms/step of the plan's cell measured on the plan's device kind (the same
+    arm and work: config hash), the latest run's; None where there is none."""
+    if measured is None or measured.empty or "device_kind" not in measured:
+        return None
+    same = measured[(measured["plan_target"].isna()) & (measured["status"] == "ok")
+                    & (measured["arm"] == plan_row["arm"])
+                    & (measured["config_hash"] == plan_row["config_hash"])
+                    & (measured["device_kind"] == plan_row["plan_device_kind"])
+                    & measured["median_ms"].notna()]
+    return None if same.empty else float(same.sort_values("run_id")["median_ms"].iloc[-1])
+
+
+def roofline_table(df: pd.DataFrame, measured: pd.DataFrame | None = None) -> str:
+    """Per cell: the roofline's times per step, the bound, what sets it, the MFU ceiling and
+    (where given) the measured step beside it."""
+    rows = []
+    for _, r in by_shape(ok(df)).iterrows():
+        bound = r["plan_bound_s"]
+        if bound is None or pd.isna(bound):
+            rows.append((shape_label(r), r["arm"], *[MISSING] * 9))
+            continue
+        ms = measured_on(r, measured)
+        rows.append((
+            shape_label(r), r["arm"], _ms(r["plan_compute_s"]), _ms(r["plan_memory_s"]),
+            _ms(r["plan_collective_s"]), f"**{_ms(bound)}**", r["plan_bound_by"],
+            _ms(r["plan_model_s"]), f"{r['plan_mfu_ceiling']:.1%}",
+            MISSING if ms is None else f"{ms:.2f}",
+            MISSING if ms is None else f"{ms / (bound * 1e3):.2f}x"))
+    return markdown(["shape", "arm", "compute ms", "memory ms", "collectives ms",
+                     "lower bound ms/step", "bound by", "model FLOPs at peak ms",
+                     "MFU ceiling", "measured ms/step", "measured / bound"], rows,
+                    why={"lower bound ms/step": "no datasheet for the device kind, or a "
+                                                "figure of the plan unavailable",
+                         "measured ms/step": "no record of these cells run on the target's "
+                                             "device kind among the results given",
+                         "measured / bound": "nothing measured to compare"})
+
+
+def datasheets(df: pd.DataFrame) -> str:
+    """The datasheet figures the rooflines of `df` use, with their sources."""
+    lines = []
+    sheets = {(s.device_kind, s.matmul_dtype): s for s in df.get("plan_datasheet", [])
+              if s is not None}
+    for sheet in sheets.values():
+        link = (f"{sheet.interconnect_bytes_per_s / 1e9:g} GB/s interconnect"
+                if sheet.interconnect_bytes_per_s else "no interconnect figure")
+        lines.append(f"- {sheet.device_kind}, {sheet.matmul_dtype} matmuls, per device: "
+                     f"{sheet.peak_flops / 1e12:g} TFLOP/s, {sheet.hbm_bytes_per_s / 1e9:g} "
+                     f"GB/s HBM, {link} (source: {sheet.source})")
+    return "\n".join(lines)
+
+
 def peak_bars(df: pd.DataFrame, path: Path) -> Path:
     """Planned peak per device per shape and arm, with the device's HBM as a line."""
     frame = by_shape(ok(df))
@@ -129,8 +199,9 @@ def peak_bars(df: pd.DataFrame, path: Path) -> Path:
 
 
 def section(df: pd.DataFrame, image_dir: Path, prefix: str, baseline_arm: str,
-            image) -> str:
-    """The markdown of every target's plans in `df` (rows with a plan_target)."""
+            image, measured: pd.DataFrame | None = None) -> str:
+    """The markdown of every target's plans in `df` (rows with a plan_target); `measured`:
+    records of any environment whose runs on a plan's device kind go beside its roofline."""
     parts = []
     for index, (name, group) in enumerate(df.groupby("plan_target", sort=False)):
         group = group.reset_index(drop=True)
@@ -139,6 +210,9 @@ def section(df: pd.DataFrame, image_dir: Path, prefix: str, baseline_arm: str,
         parts += [f"### Plan on {name}",
                   f"{kinds} devices; libtpu {libtpu}; baseline {baseline_arm}. {EXPLAINED}",
                   table(group, baseline_arm)]
+        if group.get("plan_bound_s") is not None and group["plan_bound_s"].notna().any():
+            parts += [f"#### Roofline on {name}", f"{ROOFLINE}\n\n{datasheets(group)}",
+                      roofline_table(group, measured)]
         if not ok(group).empty:
             png = peak_bars(group, image_dir / f"{prefix}plan{index}_peak.png")
             parts.append(image(f"Planned peak on {name}", png))

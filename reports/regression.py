@@ -20,12 +20,17 @@ from collections.abc import Sequence
 
 from reports import costs, stats
 from reports.compare import Cell, CellComparison, cells, compare_cells
-from reports.record import Record
+from reports.record import Environment, Record
 
 BASELINE_RUNS = 5
 """History runs (run ids) a nightly cell's timing is compared with."""
 
 REGRESSION, OK, FIRST, FAILED = "regression", "ok", "first run (baseline)", "failed"
+
+COMPILER = "plan compiler libtpu"
+"""How a change of the libtpu that made two plans is named: plans of different compilers
+are not compared (their cell keys differ), so a compiler upgrade is a new baseline, never a
+regression."""
 
 
 @dataclasses.dataclass
@@ -36,6 +41,50 @@ class NightlyRow:
     comparison: CellComparison | None = None
     history: list[Record] = dataclasses.field(default_factory=list)
     """The comparable history runs' records the timing was compared with, oldest first."""
+    new_baseline: list[str] = dataclasses.field(default_factory=list)
+    """For a first run whose cell ran before under another key: what changed (a plan
+    compiler, a version, an XLA flag), the reason it was not compared."""
+
+
+def environment_changes(old: Environment | None, new: Environment | None, plan: bool) -> list[str]:
+    """What differs between two environments in the fields records (`plan`: plans) are
+    compared by."""
+    if old is None or new is None:
+        return [] if old is new else ["environment recorded on one side only"]
+    found = []
+    for name in Environment.PLAN_COMPARABLE if plan else Environment.COMPARABLE:
+        a, b = getattr(old, name), getattr(new, name)
+        if name == "versions":
+            found += [f"{pkg} {a.get(pkg) or 'absent'} -> {b.get(pkg) or 'absent'}"
+                      for pkg in sorted(set(a) | set(b)) if a.get(pkg) != b.get(pkg)]
+        elif a != b:
+            found.append(f"{name} {_quoted(a)} -> {_quoted(b)}" if name in (
+                "xla_flags", "host_malloc") else f"{name} {a} -> {b}")
+    return found
+
+
+def _quoted(value: str) -> str:
+    return f"'{value}'" if value else "(none)"
+
+
+def key_changes(old: Record, new: Record) -> list[str]:
+    """Why two records of one dashboard cell have different keys (are not compared)."""
+    found = environment_changes(old.environment, new.environment, plan=_is_plan(new))
+    if old.config_hash != new.config_hash:
+        found.append(f"config {old.config_hash} -> {new.config_hash} (the cell's spec or "
+                     "options changed)")
+    a, b = old.run, new.run
+    if a and b:
+        for name in ("steps", "warmup", "pairing", "plan_target", "plan_slices"):
+            if getattr(a, name) != getattr(b, name):
+                found.append(f"{name} {getattr(a, name)} -> {getattr(b, name)}")
+        if a.plan_libtpu != b.plan_libtpu:  # a plan is its compiler's output
+            found.append(f"{COMPILER} {a.plan_libtpu} -> {b.plan_libtpu}")
+    return found
+
+
+def _is_plan(record: Record) -> bool:
+    return bool(record.run and record.run.plan_target)
 
 
 def judge(cell: Cell, same: Sequence[Record], *, threshold: float,
@@ -67,5 +116,19 @@ def against_history(new: Sequence[Record], history: Sequence[Record], *,
     for cell in cells(new):
         same = sorted((h for h in past if h.cell_key() == cell.key),
                       key=lambda h: (h.timestamp or "", h.round))
-        rows.append(judge(cell, same, threshold=threshold))
+        row = judge(cell, same, threshold=threshold)
+        if row.status == FIRST:
+            row.new_baseline = _why_new(cell.records[0], past)
+        rows.append(row)
     return rows
+
+
+def _why_new(record: Record, past: Sequence[Record]) -> list[str]:
+    """What changed since the latest earlier record of the same arm and work, of the same
+    kind (plan or timed), whose key differs from `record`'s ([] where there is none)."""
+    earlier = [h for h in past if h.arm == record.arm and h.config_hash == record.config_hash
+               and _is_plan(h) == _is_plan(record)]
+    if not earlier:
+        return []
+    latest = max(earlier, key=lambda h: (h.timestamp or "", h.round))
+    return key_changes(latest, record)

@@ -62,7 +62,8 @@ def cache_key(lowered: jax.stages.Lowered, options: dict | None, target: dict) -
     import jaxlib
 
     parts = [lowered.as_text(), json.dumps(options or {}, sort_keys=True, default=str),
-             target["target"], str(target["slices"]), str(target["libtpu"]), jax.__version__,
+             target["target"], str(target["slices"]), str(target["libtpu"]),
+             str(target.get("libtpu_build")), jax.__version__,
              jaxlib.__version__, os.environ.get("XLA_FLAGS", ""),
              os.environ.get("LIBTPU_INIT_ARGS", "")]
     digest = hashlib.sha256()
@@ -173,6 +174,7 @@ def plan_cell(run, phases) -> Record:
     from arms.registry import make_arm, preload
     from arms.spec import CellSpec
     from harness.measure.flops import model_flops_per_step
+    from harness.measure.roofline import roofline
     from harness.xla import target
 
     spec = CellSpec.from_dict(run.spec)
@@ -199,5 +201,7 @@ def plan_cell(run, phases) -> Record:
                      model_flops=model_flops_per_step(spec.model_config(), batch=spec.batch,
                                                       seq=spec.seq))
     plan.hlo_dir = run.plan_hlo_dir
+    plan.libtpu_build = described.get("libtpu_build")
+    plan.roofline = roofline(plan, spec.dtype)
     phases.end("cost")
     return Record(about=arm.about(), plan=plan)

@@ -93,7 +93,15 @@ HEADER = ("| arm | preset | seq | batch | ga | median ms | p90 ms | max ms | cv 
 
 
 PLAN_HEADER = ("| arm | preset | seq | batch | ga | mesh | dtype | planned peak GiB | fits "
-               "| resident GiB | HBM GiB/step | collective GiB/step | compile s | status |")
+               "| resident GiB | HBM GiB/step | collective GiB/step | TFLOP/step "
+               "| lower bound ms/step | bound by | MFU ceiling | compile s | status |")
+
+ROOFLINE_NOTE = (
+    "Per device. lower bound ms/step: the least time a step of this program can take on the "
+    "target, max(FLOPs / peak, HBM bytes / HBM bandwidth, collective bytes / interconnect) "
+    "per call, summed over the step's calls; MFU ceiling: the step's model FLOPs at peak / "
+    "that bound. The compiler's figures against the device's datasheet "
+    "(harness.measure.devices), not a measurement.")
 
 
 def plan_table(records: list[Record]) -> str:
@@ -104,17 +112,23 @@ def plan_table(records: list[Record]) -> str:
         cell = f"| {r.arm} | {s.preset} | {s.seq} | {s.batch} | {s.ga} | {s.mesh or '1'} " \
                f"| {s.dtype} "
         if not r.ok:
-            rows.append(f"{cell}| - | - | - | - | - | - | failed: {r.error.reason} |")
+            rows.append(f"{cell}|{' - |' * 10} failed: {r.error.reason} |")
             continue
         p = r.plan
         collectives = (sum(p.collective_bytes_per_step.values())
                        if p.collective_bytes_per_step else None)
+        step = p.roofline and p.roofline.step
+        bound = step and step.lower_bound_s
         rows.append(
             f"{cell}| {p.planned_peak_bytes / 2**30:.3f} | "
             f"{'-' if p.fits is None else 'yes' if p.fits else 'NO'} "
             f"| {sum(p.resident_bytes.values()) / 2**30:.3f} "
             f"| {_fmt(p.hbm_bytes_per_step and p.hbm_bytes_per_step / 2**30, '.3f')} "
-            f"| {_fmt(collectives and collectives / 2**30, '.3f')} | {p.compile_s:.0f} | ok |")
+            f"| {_fmt(collectives and collectives / 2**30, '.3f')} "
+            f"| {_fmt(p.flops_per_step and p.flops_per_step / 1e12, '.3f')} "
+            f"| {_fmt(bound and bound * 1e3, '.2f')} | {(step and step.bound_by) or '-'} "
+            f"| {_fmt(p.roofline and p.roofline.mfu_ceiling, '.1%')} "
+            f"| {p.compile_s:.0f} | ok |")
     return "\n".join(rows)
 
 

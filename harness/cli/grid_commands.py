@@ -160,6 +160,7 @@ class Plan(Command):
         path, records = plan_job.plan(wanted, options, target, run_id=args.run_id,
                                       jobs=args.jobs, watch=Progress())
         print(console.plan_table(records))
+        print(f"\n{console.ROOFLINE_NOTE}")
         failing = plan_job.failing(records)
         print(f"\nrecords: {path}")
         if failing:

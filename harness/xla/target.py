@@ -114,7 +114,7 @@ def topology_devices(name: str = TPU7X, slices: int = 1) -> tuple[jax.Device, ..
     """The compile-only devices of TPU topology `name` (e.g. "tpu7x:2x2x1", "v5e:2x2"),
     `slices` times over."""
     jax.devices()  # this process's own backends first: the TPU plugin must not become one
-    os.environ.setdefault("TPU_LIBRARY_PATH", str(libtpu_path()))
+    os.environ["TPU_LIBRARY_PATH"] = str(libtpu_path())  # the pinned compiler, not a runtime's
     from jax.experimental import topologies
 
     return tuple(topologies.get_topology_desc(topology_name=name, platform="tpu",
@@ -163,12 +163,35 @@ def available_hbm(device: jax.Device) -> int | None:
     return None
 
 
+def compiler_build(device: jax.Device) -> str | None:
+    """The build of the libtpu that compiles for `device`, as its client names itself
+    ("TFRT TPU7x, Built on Nov 5 2026 01:07:28 (1793869648) cl/1014260217")."""
+    lines = getattr(device.client, "platform_version", "").splitlines()
+    return ", ".join(line.strip() for line in lines[1:] if line.strip()) or None
+
+
+def loaded_version() -> str | None:
+    """The version of the libtpu this process compiles with: the pinned wheel's
+    (`libtpu_version`), except where JAX already runs on TPU chips (a TPU host's `jax[tpu]`):
+    one process loads one libtpu, so the runtime's compiles the plan and its version is
+    named."""
+    if jax.default_backend() == "tpu":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("libtpu")
+        except PackageNotFoundError:
+            return None
+    return libtpu_version()
+
+
 def describe(name: str, slices: int = 1) -> dict:
-    """The target as records and checks need it: kind and count of its devices, libtpu's
-    version, the HBM one device may use."""
+    """The target as records and checks need it: kind and count of its devices, the version
+    and build of the libtpu that compiles for it, the HBM one device may use."""
     devices = topology_devices(name, slices)
     return {"target": name, "slices": slices, "device_kind": devices[0].device_kind,
-            "device_count": len(devices), "libtpu": libtpu_version(),
+            "device_count": len(devices), "libtpu": loaded_version(),
+            "libtpu_build": compiler_build(devices[0]),
             "hbm_capacity_bytes": available_hbm(devices[0])}
 
 

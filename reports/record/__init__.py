@@ -12,6 +12,7 @@ records may import it. Its modules, each importing only those listed before it:
     errors    RecordError
     versions  SCHEMA and `upgrade`: the layout's versions and how each earlier one is read
     decode    `section`: JSON data -> a section dataclass, every field checked
+    plans     a plan record's sections: `Plan`, its executables, its roofline
     schema    the section dataclasses and `Record`
     names     `cell_name` and `path_safe`: a cell named for people and for file paths
     codec     the results format: `encode_line`, `read`, `read_dir`, `ResultsError`
@@ -22,18 +23,17 @@ from reports.record.codec import ResultsError, encode_line, read, read_dir
 from reports.record.decode import section
 from reports.record.errors import RecordError
 from reports.record.names import cell_name, path_safe
+from reports.record.plans import Bound, Datasheet, ExecutablePlan, Plan, Roofline
 from reports.record.schema import (
     ABTag,
     Cost,
     Environment,
     ExecutableMemory,
-    ExecutablePlan,
     Failure,
     GCPauses,
     HostMemory,
     Memory,
     Parity,
-    Plan,
     Record,
     RunOptions,
     Spec,
@@ -47,7 +47,9 @@ from reports.record.versions import SCHEMA, upgrade
 __all__ = [
     "SCHEMA",
     "ABTag",
+    "Bound",
     "Cost",
+    "Datasheet",
     "Environment",
     "ExecutableMemory",
     "ExecutablePlan",
@@ -60,6 +62,7 @@ __all__ = [
     "Record",
     "RecordError",
     "ResultsError",
+    "Roofline",
     "RunOptions",
     "Spec",
     "StepStats",

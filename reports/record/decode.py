@@ -23,7 +23,12 @@ from typing import Any
 from reports.record.errors import RecordError
 from reports.record.versions import SCHEMA
 
-__all__ = ["RecordError", "section"]
+__all__ = ["RecordError", "record_section", "section"]
+
+
+def record_section(cls):
+    """Makes `cls` a section: a keyword-only dataclass (every section class is one)."""
+    return dataclasses.dataclass(kw_only=True)(cls)
 
 
 def section(cls, data: Any, where: str = "record"):

@@ -16,13 +16,12 @@ import math
 import typing
 from typing import Any
 
-from reports.record.decode import section
+from reports.record.decode import record_section, section
 from reports.record.errors import RecordError
+from reports.record.plans import Plan
 from reports.record.versions import SCHEMA, upgrade
 
-
-def _section(cls):
-    return dataclasses.dataclass(kw_only=True)(cls)
+_section = record_section
 
 
 @_section
@@ -270,79 +269,6 @@ class Trace:
     completed (harness.measure.trace.parse_steps)."""
     host_ms: list[float]
     """Per traced step: step_ms - busy_ms, the time no op of the step was running."""
-
-
-@_section
-class ExecutablePlan:
-    """One executable of a plan: XLA's memory analysis for the target (bytes per device)
-    and what one call moves and computes (harness.xla.counts; per device)."""
-
-    calls_per_step: int
-    argument: int
-    output: int
-    alias: int
-    temp: int
-    peak_memory_in_bytes: int
-    """XLA's own peak of the executable's buffer assignment."""
-    host_temp: int
-    held_bytes: int
-    """Train state in HBM while it runs that is not one of its arguments (the optimizer
-    moments while a split fwd/bwd runs)."""
-    hbm_bytes: float | None
-    """Bytes one call reads from and writes to HBM (memory space 0), loops counted."""
-    flops: float | None
-    """Matmul FLOPs of one call, loops counted."""
-    collective_bytes: dict[str, float] | None
-    """One call's collective bytes by kind: what each device sends under ring algorithms
-    (harness.xla.counts), loops counted."""
-    trip_counts: list[int]
-    unavailable: str | None = None
-    """Why hbm_bytes, flops and collective_bytes are None (a loop of unreadable length)."""
-    compile_s: float = 0.0
-    """Seconds XLA:TPU took to compile it here (0 when read from the plan cache)."""
-    cached: bool = False
-    """Read back from the plan cache: the same program, compiler and target planned
-    before (harness.cell.plan)."""
-
-
-@_section
-class Plan:
-    """XLA's plan of the cell's step for a TPU topology, compiled without its hardware: the
-    compiler's static buffer assignment and cost model, an upper bound on peak HBM, never a
-    measurement. Exact: the same code and versions give the same figures."""
-
-    target: str
-    slices: int
-    device_kind: str
-    device_count: int
-    libtpu: str | None
-    mesh: dict[str, int]
-    """The cell's mesh axes on the target."""
-    hbm_capacity_bytes: int | None
-    """HBM one device may use, as XLA:TPU states it (harness.xla.target.available_hbm)."""
-    executables: dict[str, ExecutablePlan]
-    resident_bytes: dict[str, int]
-    """Train state the trainer holds in HBM between executables, per device, by part
-    (params, opt_state, accumulator, rest)."""
-    planned_peak_bytes: int
-    """Max over the executables a step runs of argument + output + temp - alias + held."""
-    peak_executable: str
-    xla_peak_bytes: int
-    """Max over the same executables of XLA's peak_memory_in_bytes + held."""
-    hbm_bytes_per_step: float | None
-    flops_per_step: float | None
-    """Matmul FLOPs per step per device (remat recompute included)."""
-    model_flops_per_step: float
-    """The analytic model FLOPs of the step's tokens (all devices; harness.measure.flops)."""
-    collective_bytes_per_step: dict[str, float] | None
-    fits: bool | None
-    """planned_peak_bytes <= hbm_capacity_bytes (None: capacity unknown)."""
-    compile_s: float
-    """Seconds spent compiling the executables here (those read from the plan cache: 0)."""
-    host_peak_rss_bytes: int | None
-    """The plan process's peak resident memory on the host."""
-    hlo_dir: str | None = None
-    """Where each executable's optimized HLO text was written (`parity plan --save-hlo`)."""
 
 
 @_section

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from reports.record.errors import RecordError
 
-SCHEMA = 4
+SCHEMA = 5
 """Version of the layout `to_json` writes. 1: the environment was `fingerprint`, the
 compiled cost `flops`, the step statistics `timing.summary`, the data digest
 `parity.data_fingerprint`, the executions `timing.executions_per_step_dispatched`.
 2: XLA's compiled FLOPs and bytes were not loop-aware (a while-loop body counted once), there
 were no model FLOPs, and the round lived only in the A/B tag. 3: there were no plans (no
-`plan` section, no `run.plan_target`)."""
+`plan` section, no `run.plan_target`). 4: a plan had no roofline and did not name its
+compiler's build (`plan.roofline`, `plan.libtpu_build`)."""
 
 
 def upgrade(data: dict, where: str = "record") -> dict:
@@ -26,7 +27,7 @@ def upgrade(data: dict, where: str = "record") -> dict:
     schema = data.get("schema")
     if schema == SCHEMA:
         return data
-    if schema == 3:  # schema 4 only added fields (plans), with defaults
+    if schema in (3, 4):  # schemas 4 and 5 only added fields (plans; roofline), with defaults
         return dict(data, schema=SCHEMA)
     if schema == 2:
         return _upgrade_2(data)

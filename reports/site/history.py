@@ -23,7 +23,17 @@ from collections.abc import Iterable, Sequence
 from reports import costs, stats
 from reports.compare import Cell
 from reports.record import Environment, Record, path_safe
-from reports.regression import BASELINE_RUNS, FAILED, FIRST, REGRESSION, NightlyRow, judge
+from reports.regression import (
+    BASELINE_RUNS,
+    COMPILER,
+    FAILED,
+    FIRST,
+    REGRESSION,
+    NightlyRow,
+    environment_changes,
+    judge,
+    key_changes,
+)
 
 OK, REGRESSED, IMPROVED, BROKEN, NOT_COMPARABLE = (
     "ok", "regression", "improvement", "failed", "not comparable")
@@ -216,42 +226,6 @@ def _first(records: Iterable[Record]) -> Record:
     return next(iter(records))
 
 
-def _env_diff(old: Environment | None, new: Environment | None, plan: bool) -> list[str]:
-    """What differs between two environments in the fields records (`plan`: plans) are
-    compared by."""
-    if old is None or new is None:
-        return [] if old is new else ["environment recorded on one side only"]
-    found = []
-    for name in Environment.PLAN_COMPARABLE if plan else Environment.COMPARABLE:
-        a, b = getattr(old, name), getattr(new, name)
-        if name == "versions":
-            found += [f"{pkg} {a.get(pkg) or 'absent'} -> {b.get(pkg) or 'absent'}"
-                      for pkg in sorted(set(a) | set(b)) if a.get(pkg) != b.get(pkg)]
-        elif a != b:
-            found.append(f"{name} {_quoted(a)} -> {_quoted(b)}" if name in (
-                "xla_flags", "host_malloc") else f"{name} {a} -> {b}")
-    return found
-
-
-def _quoted(value: str) -> str:
-    return f"'{value}'" if value else "(none)"
-
-
-def _key_diff(old: Record, new: Record) -> list[str]:
-    """Why two records of one dashboard cell have different keys (are not compared)."""
-    found = _env_diff(old.environment, new.environment, plan=kind(new) == PLANNED)
-    if old.config_hash != new.config_hash:
-        found.append(f"config {old.config_hash} -> {new.config_hash} (the cell's spec or "
-                     "options changed)")
-    a, b = old.run, new.run
-    if a and b:
-        for name in ("steps", "warmup", "pairing", "plan_target", "plan_slices",
-                     "plan_libtpu"):
-            if getattr(a, name) != getattr(b, name):
-                found.append(f"{name} {getattr(a, name)} -> {getattr(b, name)}")
-    return found
-
-
 def _name_verdict(view: RunView, previous: RunView | None) -> None:
     """Fills `verdict` and `why` from the nightly's row."""
     row = view.row
@@ -266,7 +240,7 @@ def _name_verdict(view: RunView, previous: RunView | None) -> None:
         if previous is None:
             view.why = "first run: no history"
         else:
-            diff = _key_diff(_first(previous.records), _first(view.records))
+            diff = key_changes(_first(previous.records), _first(view.records))
             view.why = ("new baseline: " + "; ".join(diff) if diff else
                         "new baseline: no earlier run shares its key")
         return
@@ -314,7 +288,7 @@ def _changes(timed: list[RunView], plans: list[RunView]) -> list[Change]:
         if env is None:  # a run that died before recording one: nothing to compare
             continue
         if previous is not None:
-            diff = _env_diff(previous, env, plan=True)  # the fields both kinds share
+            diff = environment_changes(previous, env, plan=True)  # the fields both kinds share
             if diff:
                 found.append(Change(time=view.time, text="; ".join(diff)))
         previous = env
@@ -322,10 +296,10 @@ def _changes(timed: list[RunView], plans: list[RunView]) -> list[Change]:
         for before, after in itertools.pairwise(views):
             a, b = _first(before.records), _first(after.records)
             if a.cell_key() != b.cell_key():
-                env = _env_diff(a.environment, b.environment, plan=True)  # marked above
+                env = environment_changes(a.environment, b.environment, plan=True)  # marked above
                 # A plan's libtpu is its environment's where libtpu is installed: one change.
-                diff = [d for d in _key_diff(a, b) if d not in env and not (
-                    d.startswith("plan_libtpu ") and any(e.startswith("libtpu ") for e in env))]
+                diff = [d for d in key_changes(a, b) if d not in env and not (
+                    d.startswith(COMPILER) and any(e.startswith("libtpu ") for e in env))]
                 if diff:
                     found.append(Change(time=after.time, text="; ".join(diff)))
     found.sort(key=lambda c: c.time)

@@ -226,6 +226,50 @@ def _summary(history: CellHistory) -> str:
     return "".join(f"<p>{p}</p>" for p in parts)
 
 
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.3g}"
+
+
+def roofline(history: CellHistory) -> str:
+    """The latest plan's roofline (per executable call and per step), with the latest timed
+    run's median beside it where that run was measured on the plan's device kind."""
+    plan_view = history.latest_plan
+    plan = next((r.plan for r in plan_view.records if r.plan), None) if plan_view else None
+    roof = plan and plan.roofline
+    if roof is None:
+        return ('<p class="note">No roofline: no plan of this cell, or none for a device '
+                "kind with a datasheet (harness.measure.devices).</p>")
+    bounds = [(f"{name} (one call; {plan.executables[name].calls_per_step} per step)", b)
+              for name, b in roof.executables.items() if plan.executables[name].calls_per_step]
+    rows = "".join(
+        f"<tr><td>{_e(label)}</td><td class=\"num\">{_ms(b.compute_s)}</td>"
+        f'<td class="num">{_ms(b.memory_s)}</td>'
+        f'<td class="num">{_ms(sum(b.collective_s.values()) if b.collective_s else None)}</td>'
+        f'<td class="num"><b>{_ms(b.lower_bound_s)}</b></td><td>{_e(b.bound_by or "-")}</td>'
+        "</tr>" for label, b in [*bounds, ("step", roof.step)])
+    latest = history.latest
+    env = latest and latest.environment
+    measured = ""
+    if latest and latest.median and env and env.device_kind == plan.device_kind \
+            and roof.step.lower_bound_s:
+        ratio = latest.median.median / (roof.step.lower_bound_s * 1e3)
+        measured = (f" Measured on {_e(plan.device_kind)} (run <code>{_e(latest.run_id)}"
+                    f"</code>): <b>{latest.median.median:.4g}</b> ms/step, "
+                    f"<b>{ratio:.2f}x</b> the lower bound.")
+    sheet = roof.datasheet
+    ceiling = "-" if roof.mfu_ceiling is None else f"{roof.mfu_ceiling:.1%}"
+    return (f'<p class="note">The least time a step of this program can take on '
+            f"{_e(plan.target)}: the plan's FLOPs, HBM bytes and collective bytes against the "
+            f"{_e(sheet.device_kind)} datasheet ({sheet.peak_flops / 1e12:g} TFLOP/s "
+            f"{_e(sheet.matmul_dtype)}, {sheet.hbm_bytes_per_s / 1e9:g} GB/s HBM per device; "
+            f"{_e(sheet.source)}). Not a measurement. {_e(roof.model)}.</p>"
+            f"<p>MFU ceiling <b>{ceiling}</b> (model FLOPs at peak "
+            f"{_ms(roof.model_compute_s)} ms / lower bound).{measured}</p>"
+            "<table><thead><tr><th>per device</th><th>compute ms</th><th>memory ms</th>"
+            "<th>collectives ms</th><th>lower bound ms</th><th>bound by</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table>")
+
+
 def cell(history: CellHistory) -> str:
     """A cell's page: its timing, cost and plan histories, the latest run's step times,
     its traces, the changes and a table of recent runs."""
@@ -256,6 +300,7 @@ def cell(history: CellHistory) -> str:
             + "<h2>Plan on the target</h2>"
             + _figure("plan", charts.plan(history),
                       "No plan records (parity nightly --plan adds them).")
+            + "<h3>Roofline of the latest plan</h3>" + roofline(history)
             + "<h2>Latest run: every step</h2>"
             + _figure("distribution", charts.distribution(latest) if latest else None,
                       "No finished timed run.")

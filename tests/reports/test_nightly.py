@@ -88,7 +88,8 @@ def test_the_summary_has_a_row_per_cell_and_says_why():
     assert "| engine tiny seq=16 batch=4 ga=1 | first run (baseline) | 5.0 | - | - | - | - |" \
         in text
     assert "| test-raise tiny seq=16 batch=4 ga=1 | failed: exception | - | - |" in text
-    assert f"- {CELL}: compiled_flops_per_step" in text.split("Cost changes and warnings:")[1]
+    notes = text.split("Cost changes, new baselines and warnings:")[1]
+    assert f"- {CELL}: compiled_flops_per_step" in notes
     assert text.endswith("config) are not compared; they start a new baseline.\n")
 
 
@@ -96,7 +97,7 @@ def test_the_summary_of_cells_all_compared_has_no_baseline_note():
     rows = against_history(_night(3, 10.0), _history(2), threshold=0.1)
     text = summary_markdown(rows, 0.1)
     assert "at least 10% above" in text and f"| {CELL} | ok |" in text
-    assert "new baseline" not in text and "Cost changes and warnings" not in text
+    assert "new baseline" not in text and "Cost changes, new baselines and warnings" not in text
 
 
 def test_the_history_plot_draws_every_run(tmp_path):
@@ -106,3 +107,36 @@ def test_the_history_plot_draws_every_run(tmp_path):
     image = Image.open(path)
     assert image.size == (800, 400)
     assert np.asarray(image.convert("L")).std() > 0
+
+
+def _plans(night_records, libtpu: str, peak_add: int):
+    """The plan records of one synthetic night, planned by `libtpu`, each planned peak
+    `peak_add` bytes above the night's."""
+    return [dataclasses.replace(
+        r, run=dataclasses.replace(r.run, plan_libtpu=libtpu),
+        plan=dataclasses.replace(r.plan, libtpu=libtpu,
+                                 planned_peak_bytes=r.plan.planned_peak_bytes + peak_add))
+        for r in night_records if r.plan]
+
+
+def test_a_plan_compiler_change_is_a_new_baseline_not_a_regression():
+    """Plans made by two libtpus are two compilers' outputs: a grown planned peak across
+    them is never called a regression; the note names the compiler change. The same growth
+    under one compiler is a regression (the rule still bites)."""
+    from tests.reports.site.synthetic import nightly_history
+
+    records = nightly_history(nights=2, arms=("native",), presets=("qwen3-1.7b",), gas=(1,),
+                              planted=[])
+    first, second = sorted({r.run_id for r in records if r.plan})
+    history = _plans([r for r in records if r.run_id == first], "0.0.48.1", 0)
+    night = [r for r in records if r.run_id == second]
+    (upgraded,) = against_history(_plans(night, "0.0.52", 2**30), history, threshold=0.05)
+    assert upgraded.status == FIRST and upgraded.comparison is None
+    assert upgraded.new_baseline == ["plan compiler libtpu 0.0.48.1 -> 0.0.52"]
+    text = summary_markdown([upgraded], 0.05)
+    assert ("not compared (a new baseline): plan compiler libtpu 0.0.48.1 -> 0.0.52"
+            in text.split("Cost changes, new baselines and warnings:")[1])
+    (same_compiler,) = against_history(_plans(night, "0.0.48.1", 2**30), history,
+                                       threshold=0.05)
+    assert same_compiler.status == REGRESSION
+    assert [c.metric for c in same_compiler.comparison.cost_changes] == ["plan_peak_bytes"]

@@ -199,6 +199,29 @@ def test_a_plans_matmul_flops_are_the_same_programs_on_the_cpu(native_plans):
     assert cpu_matmul < cpu_xla
 
 
+def test_a_plan_names_its_compiler_and_bounds_its_step_on_the_datasheet(native_plans):
+    """The record names the libtpu build that compiled it, and carries the step's roofline:
+    the plan's own FLOPs, HBM bytes and collective bytes per step over TPU7x's datasheet
+    figures per device (harness.measure.devices), the largest of the three for its one
+    executable."""
+    from harness.measure.devices import DEVICES
+
+    _, cold, _ = native_plans
+    plan = cold.plan
+    assert plan.libtpu_build.startswith("TFRT TPU7x, Built on ")
+    spec = DEVICES["TPU7x"]
+    step = plan.roofline.step
+    assert step.compute_s == pytest.approx(plan.flops_per_step / spec.bf16_flops, rel=1e-12)
+    assert step.memory_s == pytest.approx(plan.hbm_bytes_per_step / spec.hbm_bytes_per_s,
+                                          rel=1e-12)
+    sent = sum(plan.collective_bytes_per_step.values())
+    assert sum(step.collective_s.values()) == pytest.approx(
+        sent / spec.interconnect_bytes_per_s, rel=1e-12)
+    assert step.lower_bound_s == max(step.compute_s, step.memory_s,
+                                     sum(step.collective_s.values()))
+    assert 0 < plan.roofline.mfu_ceiling < 1
+
+
 @pytest.mark.slow  # a third TPU compile of the step
 def test_a_plan_read_from_the_plan_cache_is_the_compiled_one(native_plans):
     """The second plan of the same program, target and versions reads the first's back:
@@ -211,7 +234,8 @@ def test_a_plan_read_from_the_plan_cache_is_the_compiled_one(native_plans):
     assert not forced.executables["step"].cached and forced.compile_s > 0
     for plan_ in (warm, forced):
         for field in ("planned_peak_bytes", "xla_peak_bytes", "resident_bytes",
-                      "hbm_bytes_per_step", "flops_per_step", "collective_bytes_per_step"):
+                      "hbm_bytes_per_step", "flops_per_step", "collective_bytes_per_step",
+                      "roofline", "libtpu_build"):
             assert getattr(plan_, field) == getattr(cold, field), field
 
 

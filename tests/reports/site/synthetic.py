@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.measure.roofline import roofline
 from reports.record import (
     Cost,
     Environment,
@@ -191,7 +192,7 @@ def _plan(arm: str, preset: str, ga: int, peak_add: int, libtpu: str) -> Plan:
                                 collective_bytes={"all-gather": params / 4,
                                                   "reduce-scatter": params / 4},
                                 trip_counts=[28])
-    return Plan(target="tpu7x:2x2x1", slices=1, device_kind="TPU7x", device_count=8,
+    plan = Plan(target="tpu7x:2x2x1", slices=1, device_kind="TPU7x", device_count=8,
                 libtpu=libtpu, mesh={"fsdp": 8}, hbm_capacity_bytes=int(94.74 * 2**30),
                 executables={"train_step": executable},
                 resident_bytes={"params": int(params * 4 / 8), "opt_state": int(params * 8 / 8)},
@@ -201,6 +202,8 @@ def _plan(arm: str, preset: str, ga: int, peak_add: int, libtpu: str) -> Plan:
                 collective_bytes_per_step={"all-gather": params / 4 * ga,
                                            "reduce-scatter": params / 4},
                 fits=peak <= int(94.74 * 2**30), compile_s=0.0, host_peak_rss_bytes=2**33)
+    plan.roofline = roofline(plan, "bfloat16")
+    return plan
 
 
 def _run_id(when: datetime.datetime, pid: int) -> str:

@@ -120,6 +120,26 @@ def test_the_cell_page_draws_each_run_and_marks_the_planted_regression(records, 
     assert f"xprof --logdir {traced.trace.logdir} --port 8791" in text
 
 
+def test_the_cell_page_puts_the_latest_run_beside_its_plans_roofline(records, site):
+    """The roofline of the cell's latest plan, per call and per step, and the latest run
+    measured on the plan's device kind as a multiple of the step's lower bound."""
+    out, _ = site
+    cid = history.CellId(arm="native", preset="qwen3-8b", seq=4096, batch=32, ga=1,
+                         dtype="bfloat16", mesh="fsdp=-1", backend="tpu")
+    cell = history.cell_history(cid, [r for r in records if history.cell_id(r) == cid],
+                                threshold=0.05)
+    roof = cell.latest_plan.records[0].plan.roofline
+    bound_ms = roof.step.lower_bound_s * 1e3
+    text = (out / "cells" / f"{cid.slug}.html").read_text()
+    section = text.split("<h3>Roofline of the latest plan</h3>")[1].split("<h2>")[0]
+    assert f"MFU ceiling <b>{roof.mfu_ceiling:.1%}</b>" in section
+    assert "<td>step</td>" in section and f"<b>{bound_ms:.3g}</b>" in section
+    median = cell.latest.median.median
+    assert f"<b>{median:.4g}</b> ms/step, <b>{median / bound_ms:.2f}x</b> the lower bound" \
+        in section
+    assert "Not a measurement" in section and "cloud.google.com/tpu/docs/tpu7x" in section
+
+
 def test_the_index_has_one_filterable_row_per_cell_with_its_latest_median(records, site):
     out, _ = site
     text = (out / "index.html").read_text()
