@@ -62,3 +62,29 @@ def model_flops(config: DecoderConfig, *, batch: int, seq: int) -> ModelFlops:
 def model_flops_per_step(config: DecoderConfig, *, batch: int, seq: int) -> float:
     """Total training FLOPs of one optimizer step over batch*seq tokens (see `model_flops`)."""
     return model_flops(config, batch=batch, seq=seq).total
+
+
+def compiled_matmul_flops(config: DecoderConfig, *, batch: int, seq: int,
+                          remat: str) -> float | None:
+    """The matmul FLOPs a compiled training step of `batch` rows of `seq` tokens does (all
+    devices), by the same formula as `model_flops` but counting what the program computes:
+
+    - attention's matmuls whole: a dense kernel computes every (query, key) score and masks
+      it afterwards, so the causal mask saves nothing (twice the model's attention);
+    - with `remat="full"` each layer's forward once more in the backward pass, less its last
+      matmul: the backward reads every matmul's input and the softmax, never the layer's
+      output, so the recomputed MLP down projection feeds nothing and XLA drops it as dead
+      code; the output head is outside the rematerialized layers and is not recomputed;
+    - with `remat="none"` nothing more: fwd + 2x fwd, as for model FLOPs.
+
+    None for a remat policy whose saved values this formula does not know ("minimal")."""
+    if remat not in ("none", "full"):
+        return None
+    tokens = batch * seq
+    D, N, K, H = config.embed_dim, config.num_heads, config.num_kv_heads, config.head_dim
+    down_projection = 2 * tokens * config.mlp_dim * D
+    layer = (down_projection * (SWIGLU_IN_PROJECTIONS + 1) + 2 * tokens * D * (N + 2 * K) * H
+             + 2 * tokens * D * N * H + 4 * batch * seq**2 * N * H)
+    unembedding = 2 * tokens * D * config.vocab_size
+    recomputed = layer - down_projection if remat == "full" else 0
+    return config.num_layers * (3.0 * layer + recomputed) + 3.0 * unembedding

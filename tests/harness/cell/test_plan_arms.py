@@ -8,6 +8,8 @@ import sys
 import pytest
 
 from arms.registry import NAMED_ARMS
+from arms.spec import CellSpec
+from harness.measure.flops import compiled_matmul_flops
 from reports.record import read_dir
 from tests.harness.cli.test_cli_plan import REPO, plan, plan_arms
 
@@ -39,6 +41,14 @@ def test_every_arm_plans_through_its_own_step(planned):
         # fsdp=8: every step gathers weights and reduces gradients.
         assert p.collective_bytes_per_step["all-gather"] > 0, arm
         assert p.hbm_bytes_per_step > 0 and p.flops_per_step > 0
+    # The matmuls every arm's model does, to the FLOP: attention unmasked, each layer's
+    # forward again less its down projection (full remat), the head once (fsdp=8: an eighth
+    # per device).
+    config = CellSpec.from_dict(records["native"].spec.__dict__)
+    predicted = compiled_matmul_flops(config.model_config(), batch=config.batch,
+                                      seq=config.seq, remat="full")
+    assert {arm: r.plan.flops_per_step * 8 for arm, r in records.items()} == dict.fromkeys(
+        records, predicted)
     # Calls per step at GA 2: the PeftTrainer arms run their step per micro-batch.
     assert records["peft-decoder"].plan.executables["train_step"].calls_per_step == 2
     assert records["engine"].plan.executables["fwd_bwd_accumulate"].calls_per_step == 1

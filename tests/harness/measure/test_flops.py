@@ -55,3 +55,28 @@ def test_model_flops_by_hand_for_tiny():
     flops = model_flops(get_preset("tiny"), batch=1, seq=seq)
     assert (flops.weights, flops.attention, flops.total) == (weights, attention,
                                                             weights + attention)
+
+
+# --------------------------------------------------------------- compiled matmul FLOPs
+@pytest.mark.parametrize("remat", ["none", "full"])
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_a_compiled_steps_matmul_flops_are_the_remat_prediction(remat, scan_layers):
+    """`native`'s step compiled for the conftest's 8 CPU devices (fsdp=8: every device does
+    an eighth of the work) does exactly the matmul FLOPs `compiled_matmul_flops` predicts:
+    unmasked attention, and with full remat each layer's forward again less its down
+    projection (dead code). Counted from the optimized HLO, loops as they run."""
+    from arms.registry import make_arm
+    from arms.spec import CellSpec
+    from harness.measure.flops import compiled_matmul_flops
+    from harness.xla import counts
+
+    spec = CellSpec(preset="tiny-untied", seq=32, batch=16, ga=2, mesh="fsdp=8",
+                    scan_layers=scan_layers, remat=remat)
+    arm = make_arm("native", spec, capture=False)
+    arm.build()
+    (compiled,) = arm.executables().values()
+    per_device = counts.costs(compiled.as_text()).flops
+    arm.close()
+    assert per_device * DEVICES == compiled_matmul_flops(spec.model_config(), batch=spec.batch,
+                                                         seq=spec.seq, remat=remat)
+    assert compiled_matmul_flops(spec.model_config(), batch=8, seq=32, remat="minimal") is None
