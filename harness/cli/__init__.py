@@ -13,11 +13,11 @@ import sys
 
 from harness.cli.command import Command, Parser
 from harness.cli.grid_commands import AB, Launch, Nightly, Plan, Run, SelftestError
-from harness.cli.stored import Compare, Env, Publish, Report, Selftest, Trace
+from harness.cli.stored import Compare, Env, Explain, Publish, Report, Selftest, Trace
 from harness.cli.watch import Stopped
 
 COMMANDS: tuple[type[Command], ...] = (Selftest, Env, Run, Plan, Launch, Nightly, AB,
-                                        Compare, Report, Publish, Trace)
+                                        Compare, Explain, Report, Publish, Trace)
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

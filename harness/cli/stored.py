@@ -1,5 +1,5 @@
-"""The subcommands that run no cell: `compare`, `report`, `publish` and `trace` read what
-runs stored (results files, profiler captures); `selftest` checks the models and `env`
+"""The subcommands that run no cell: `compare`, `explain`, `report`, `publish` and `trace`
+read what runs stored (results files, profiler captures); `selftest` checks the models and `env`
 prints the environment records are compared by."""
 
 from __future__ import annotations
@@ -55,6 +55,44 @@ class Compare(Command):
             print("parity: regression:\n" + "\n".join(f"  {f}" for f in failing),
                   file=sys.stderr)
             return 1
+        return 0
+
+
+class Explain(Command):
+    name = "explain"
+    help = "say by operation why two plans of one cell differ"
+    description = ("A and B: results (files or directories) each holding one plan record of "
+                   "the cell planned with --save-hlo (or give --arm). Per operation "
+                   "category (matmuls, fusions by kind, copies and relayouts, "
+                   "dynamic-update-slices, collectives by kind, custom calls, host "
+                   "transfers), per device and step: runs, FLOPs, HBM bytes and collective "
+                   "bytes of each side and the change, the largest movers first, and the "
+                   "categories on one side only. Exit 0, 2 on bad input.")
+
+    @classmethod
+    def setup(cls, parser):
+        parser.add_argument("a", type=Path, help="results directory or .jsonl file (side A)")
+        parser.add_argument("b", type=Path, help="results directory or .jsonl file (side B)")
+        parser.add_argument("--arm", help="the arm whose plan to explain, where the results "
+                                          "hold several")
+        parser.add_argument("--top", type=int, default=None,
+                            help="show only the N largest movers")
+        parser.add_argument("--json", action="store_true", help="print JSON, not markdown")
+
+    @classmethod
+    def run(cls, args):
+        import json
+
+        from harness.jobs import explain
+        from reports.record import read_dir
+
+        if args.top is not None and args.top < 1:
+            raise ValueError(f"--top {args.top}: give at least 1")
+        a = explain.pick(read_dir(args.a), str(args.a), args.arm)
+        b = explain.pick(read_dir(args.b), str(args.b), args.arm)
+        found = explain.explain(a, b)
+        print(json.dumps(explain.to_json(found, args.top), indent=1) if args.json
+              else explain.markdown(found, args.top))
         return 0
 
 

@@ -56,9 +56,14 @@ COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all",
 _FREE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all",
          "partition-id", "replica-id", "opt-barrier", "while", "call", "conditional",
          "call-start", "call-update", "call-done", "async-start", "async-update",
-         "async-done", "all-gather-done", "all-reduce-done", "collective-permute-done",
-         "send-done", "recv-done", "iota"}
-"""Instructions that move no data of their own (control flow is counted inside)."""
+         "async-done", "custom-call-start", "custom-call-update", "custom-call-done",
+         "all-gather-done", "all-reduce-done", "collective-permute-done", "send-done",
+         "recv-done", "iota"}
+"""Instructions that move no data of their own (control flow is counted inside). The async
+wrappers run a computation on another execution thread (XLA:TPU7x runs collectives on its
+SparseCores as `custom-call-start/update/done` around a computation holding the
+all-gather): that computation's instructions are counted; the wrappers' operands and
+results are the same buffers again, plus the thread's scratch."""
 
 
 @dataclasses.dataclass
@@ -279,10 +284,37 @@ def _io(module: Module, inst: Instruction) -> float:
     return total
 
 
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One top-level instruction (not inside a fusion) over one call of its module: what all
+    its runs move and compute (a fusion's FLOPs are its fused matmuls')."""
+
+    computation: str
+    instruction: Instruction
+    runs: float
+    """How often it runs per call (the product of its enclosing loops' trip counts)."""
+    costs: Costs
+
+
+def _own(module: Module, inst: Instruction, fused: bool, memo: dict) -> Costs:
+    """What one run of `inst` itself moves and computes (a fusion with its body)."""
+    own = Costs()
+    kind = _collective_kind(inst.opcode)
+    if kind is not None:
+        own.collective_bytes[kind] += _collective_bytes(module, inst, kind)
+    if inst.opcode in ("dot", "convolution"):
+        own.flops += _matmul_flops(module, inst)
+    if not fused:
+        own.hbm_bytes += _io(module, inst)
+    if inst.opcode == "fusion":
+        own.add(_cost(module, inst.callees()["calls"], True, memo))
+    return own
+
+
 def _cost(module: Module, computation: str, fused: bool, memo: dict,
-          runs: float = 1.0, ledger: list | None = None) -> Costs:
-    """One run of `computation`; with `ledger`, each top-level instruction's HBM bytes over
-    all `runs` of it are appended as (bytes, computation, instruction)."""
+          runs: float = 1.0, ledger: list[Entry] | None = None) -> Costs:
+    """One run of `computation`; with `ledger`, an `Entry` per top-level instruction over
+    all `runs` of it is appended (of a conditional, the costliest branch's)."""
     key = (computation, fused)
     if key in memo and ledger is None:
         return memo[key]
@@ -290,16 +322,12 @@ def _cost(module: Module, computation: str, fused: bool, memo: dict,
     costs = Costs()
     for inst in module.computations[computation]:
         callees = inst.callees()
-        kind = _collective_kind(inst.opcode)
-        if kind is not None:
-            costs.collective_bytes[kind] += _collective_bytes(module, inst, kind)
-        if inst.opcode in ("dot", "convolution"):
-            costs.flops += _matmul_flops(module, inst)
-        if not fused:
-            moved = _io(module, inst)
-            costs.hbm_bytes += moved
-            if ledger is not None and moved:
-                ledger.append((moved * runs, computation, inst))
+        own = _own(module, inst, fused, memo)
+        costs.add(own)
+        if ledger is not None and not fused:
+            scaled = Costs()
+            scaled.add(own, runs)
+            ledger.append(Entry(computation, inst, runs, scaled))
         if inst.opcode == "while":
             trips = trip_count(module, inst)
             costs.add(_cost(module, callees["body"], fused, memo, runs * trips, ledger), trips)
@@ -307,13 +335,17 @@ def _cost(module: Module, computation: str, fused: bool, memo: dict,
                             ledger), trips + 1)
             costs.trip_counts.append(trips)
         elif inst.opcode == "conditional":
-            branches = Costs()
+            branches, taken = Costs(), None
             for name in callees.values():
-                branches.most(_cost(module, name, fused, memo, runs, ledger))
+                entries = None if ledger is None else []
+                branch = _cost(module, name, fused, memo, runs, entries)
+                branches.most(branch)
+                if taken is None or (branch.hbm_bytes, branch.flops) > taken[0]:
+                    taken = ((branch.hbm_bytes, branch.flops), entries)
             costs.add(branches)
-        elif inst.opcode == "fusion":
-            costs.add(_cost(module, callees["calls"], True, memo))
-        else:
+            if ledger is not None and taken is not None:
+                ledger += taken[1]
+        elif inst.opcode != "fusion":
             for name in callees.values():
                 if name in module.computations:
                     costs.add(_cost(module, name, fused, memo, runs, ledger))
@@ -328,14 +360,21 @@ def costs(hlo_text: str) -> Costs:
     return _cost(module, module.entry, False, {})
 
 
-def heaviest(hlo_text: str, count: int = 20) -> list[tuple[float, str, Instruction]]:
-    """The `count` top-level instructions that move the most HBM bytes over one call (all
-    their runs), heaviest first: where a program's traffic goes (a conditional's branches
-    are all listed)."""
-    module = parse(hlo_text)
-    ledger: list = []
+def entries(source: str | Module) -> list[Entry]:
+    """Every top-level instruction of one call of a compiled module (its HLO text, or the
+    text parsed) with what all its runs move and compute, in program order (loop bodies
+    after their loop; of a conditional, the costliest branch): the figures of `costs`,
+    instruction by instruction."""
+    module = parse(source) if isinstance(source, str) else source
+    ledger: list[Entry] = []
     _cost(module, module.entry, False, {}, 1.0, ledger)
-    return sorted(ledger, key=lambda entry: -entry[0])[:count]
+    return ledger
+
+
+def heaviest(hlo_text: str, count: int = 20) -> list[Entry]:
+    """The `count` top-level instructions that move the most HBM bytes over one call (all
+    their runs), heaviest first: where a program's traffic goes."""
+    return sorted(entries(hlo_text), key=lambda e: -e.costs.hbm_bytes)[:count]
 
 
 def hbm_bytes(hlo_text: str) -> int:

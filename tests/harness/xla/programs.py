@@ -63,7 +63,10 @@ def main() -> dict:
                    "io_bytes": 2 * (M * K + K * N + M * N)},
         "scanned": {**_counted(scanned), "expected_flops": LAYERS * 2 * M * K * K,
                     "stack_bytes": 2 * LAYERS * K * K, "layers": LAYERS},
-        "gather": {**_counted(gather), "weight_bytes": 2 * K * N},
+        "gather": {**_counted(gather), "weight_bytes": 2 * K * N,
+                   "sparsecore_wrappers": gather.as_text().count("custom-call-start("),
+                   "moved": [[e.instruction.opcode, e.costs.hbm_bytes]
+                             for e in counts.entries(gather.as_text()) if e.costs.hbm_bytes]},
         "reduce": {**_counted(reduce), "output_bytes": 2 * M * N},
     }
 

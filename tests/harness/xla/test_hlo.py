@@ -54,6 +54,18 @@ def test_collectives_are_counted_by_kind_as_the_bytes_each_device_sends(counted)
         "all-reduce": 2 * reduce["output_bytes"] * 7 / 8}  # the partial products summed
 
 
+def test_a_collective_run_on_the_sparsecore_moves_its_buffers_once(counted):
+    """XLA:TPU7x runs the all-gather on a SparseCore: `custom-call-start/update/done` around
+    a computation holding it. The all-gather reads its shard and writes the whole weight;
+    the wrappers, whose operands and results are those buffers again (and the SparseCore's
+    scratch), move nothing of their own."""
+    gather = counted["gather"]
+    assert gather["sparsecore_wrappers"] == 1
+    moved = dict(gather["moved"])
+    assert not any(op.startswith("custom-call-") for op in moved)
+    assert moved["all-gather"] == gather["weight_bytes"] / 8 + gather["weight_bytes"]
+
+
 def test_a_loop_of_unreadable_length_is_refused_not_counted_once(counted):
     assert "trip count of %while cannot be read" in counted["unbounded_refused"]
 

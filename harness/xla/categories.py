@@ -1,0 +1,142 @@
+"""One name for what an HLO instruction does, wherever operations are grouped: a plan's
+executables, a compiled cost, a trace's ops.
+
+A top-level instruction (one kernel, or a step of control flow) gets exactly one category:
+
+- `matmul`: a `dot` or `convolution`, or a fusion whose body holds one (XLA fuses the
+  producers and consumers of a matmul into it);
+- `fusion: <kind>`: any other fusion, by XLA's fusion kind (`loop`: elementwise, `input`:
+  a reduction, `output`, `custom`);
+- `copy/relayout`: `copy`, `copy-start`/`copy-done` (a change of layout or memory space)
+  and an unfused `transpose`;
+- `dynamic-update-slice`: an in-place update, alone or as the root of a fusion (a scanned
+  layer writing its slice of a stacked buffer);
+- `collective: <kind>`: all-gather, reduce-scatter, all-reduce, all-to-all,
+  collective-permute, their `-start`/`-done` halves included;
+- `custom-call: <target>`: by its `custom_call_target`;
+- `host transfer`: send, recv, infeed, outfeed and their `-done` halves;
+- `control flow`: while, conditional, call and the async wrappers that run a computation
+  on another thread (`async-*`, `custom-call-start/update/done`: XLA:TPU7x runs collectives
+  on its SparseCores so); what they run is categorized inside;
+- `no data`: parameters, constants, tuples, bitcasts and the like, which move nothing;
+- `other: <opcode>`: anything else, named by its opcode, never dropped.
+
+A trace names its ops by HLO instruction name ("fusion.12", "all-gather-start.3"): with the
+program's HLO the instruction itself is categorized, without it the opcode the name begins
+with (XLA names an instruction after its opcode, then a number).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from harness.xla import counts
+from harness.xla.hlo import Instruction, Module, parse
+
+MATMUL = "matmul"
+COPY = "copy/relayout"
+UPDATE = "dynamic-update-slice"
+HOST = "host transfer"
+CONTROL = "control flow"
+NO_DATA = "no data"
+
+_COPIES = {"copy", "copy-start", "copy-done", "transpose"}
+_HOST = {"send", "recv", "send-done", "recv-done", "infeed", "outfeed"}
+_CONTROL = {"while", "conditional", "call", "call-start", "call-update", "call-done",
+            "async-start", "async-update", "async-done", "custom-call-start",
+            "custom-call-update", "custom-call-done"}
+_NO_DATA = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all",
+            "partition-id", "replica-id", "opt-barrier", "iota"}
+_FUSION_KIND = re.compile(r"\bkind=k(\w+)")
+_TARGET = re.compile(r'custom_call_target="([^"]+)"')
+_OPCODE_OF_NAME = re.compile(r"^%?([a-z][a-z-]*?)(?:[.-]\d+)*$")
+
+
+def _collective(opcode: str) -> str | None:
+    base = opcode.removesuffix("-start").removesuffix("-done")
+    return base if base in counts.COLLECTIVES else None
+
+
+def _holds_matmul(module: Module, computation: str) -> bool:
+    for inst in module.computations[computation]:
+        if inst.opcode in ("dot", "convolution"):
+            return True
+        if any(_holds_matmul(module, name) for name in inst.callees().values()
+               if name in module.computations and inst.opcode == "fusion"):
+            return True
+    return False
+
+
+def category(inst: Instruction, module: Module | None = None) -> str:
+    """The category of one top-level instruction; a fusion's is read from its body when
+    `module` is given (else from its kind alone)."""
+    opcode = inst.opcode
+    if opcode in ("dot", "convolution"):
+        return MATMUL
+    if opcode == "fusion":
+        body = inst.callees().get("calls")
+        if module is not None and body in module.computations:
+            if _holds_matmul(module, body):
+                return MATMUL
+            if module.root(body).opcode == "dynamic-update-slice":
+                return UPDATE
+        kind = _FUSION_KIND.search(inst.attributes)
+        return f"fusion: {kind.group(1).lower() if kind else 'unknown kind'}"
+    if (kind := _collective(opcode)) is not None:
+        return f"collective: {kind}"
+    if opcode == "custom-call":
+        target = _TARGET.search(inst.attributes)
+        return f"custom-call: {target.group(1) if target else 'unknown target'}"
+    if opcode in _COPIES:
+        return COPY
+    if opcode == "dynamic-update-slice":
+        return UPDATE
+    if opcode in _HOST:
+        return HOST
+    if opcode in _CONTROL:
+        return CONTROL
+    if opcode in _NO_DATA:
+        return NO_DATA
+    return f"other: {opcode}"
+
+
+def category_of_name(name: str, module: Module | None = None) -> str:
+    """The category of the instruction a trace names `name`: the instruction's own where
+    `module` holds it, else the one its opcode (the name's prefix) gives; a name that is no
+    instruction's ("Thunk:#1") is `other: <name>`."""
+    if module is not None and name in module.by_name:
+        return category(module.by_name[name], module)
+    found = _OPCODE_OF_NAME.match(name)
+    if found is None:
+        return f"other: {name}"
+    opcode = found.group(1)
+    stub = Instruction(name=name, shape="", opcode=opcode, operands=(), arguments="",
+                       attributes="", root=False)
+    return category(stub)
+
+
+@dataclasses.dataclass
+class Totals:
+    """One category's instructions over one call of a module, loops as they run."""
+
+    count: float = 0.0
+    """Instruction runs."""
+    flops: float = 0.0
+    hbm_bytes: float = 0.0
+    collective_bytes: float = 0.0
+
+
+def by_category(hlo_text: str) -> dict[str, Totals]:
+    """Every category's runs, matmul FLOPs, HBM bytes and collective bytes over one call of a
+    compiled module (the figures of `harness.xla.counts.costs`, split), largest bytes
+    first."""
+    module = parse(hlo_text)
+    found: dict[str, Totals] = {}
+    for entry in counts.entries(module):
+        totals = found.setdefault(category(entry.instruction, module), Totals())
+        totals.count += entry.runs
+        totals.flops += entry.costs.flops
+        totals.hbm_bytes += entry.costs.hbm_bytes
+        totals.collective_bytes += sum(entry.costs.collective_bytes.values())
+    return dict(sorted(found.items(), key=lambda item: -item[1].hbm_bytes))
