@@ -121,17 +121,20 @@ def summarize(path: str) -> dict:
 
 
 def text(summary: dict) -> str:
-    """`summarize`'s result as a person reads it: a table of devices, each one's top ops,
+    """`summarize`'s result as a person reads it: a table of devices (each one's span split
+    into compute, collectives, copies and idle: xplane.breakdown_ns), each one's top ops,
     and the steps."""
     lines = [f"capture: {summary['file']}", "",
-             "| device | busy ms | memcpy ms | span ms | executions | per module |",
-             "|---|---|---|---|---|---|"]
+             "| device | busy ms | memcpy ms | span ms | compute ms | collectives ms | copies ms "
+             "| idle ms | executions | per module |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for d in summary["devices"]:
         modules = ", ".join(f"{m} x{n}" for m, n in d["modules"].items()) or "-"
+        parts = " | ".join(f"{d['breakdown_ms'][k]:.3f}" for k in xplane.BREAKDOWN)
         lines.append(f"| {d['name']} | {d['busy_ms']:.3f} | {d['memcpy_ms']:.3f} | "
-                     f"{d['span_ms']:.3f} | {d['executions']} | {modules} |")
+                     f"{d['span_ms']:.3f} | {parts} | {d['executions']} | {modules} |")
     if not summary["devices"]:
-        lines.append("| (no device or XLA op events) | - | - | - | - | - |")
+        lines.append("| (no device or XLA op events) |" + " - |" * 9)
     for d in summary["devices"]:
         lines += ["", f"top ops on {d['name']} (ms):"]
         lines += [f"  {ms:10.3f}  {name}" for name, ms in d["top_ops"]]

@@ -32,6 +32,7 @@ from collections import Counter
 from jax.profiler import ProfileData
 
 from harness.contract import STEP_ANNOTATION
+from harness.xla import categories
 
 COMPLETION_PREFIX = "end: "
 """XLA:CPU's name for the event that marks an asynchronous op's completion."""
@@ -191,10 +192,51 @@ def union_ns(spans: list[tuple[float, float]]) -> float:
     return total
 
 
+BREAKDOWN = ("compute", "collectives", "copies", "idle")
+"""A device's time, each instant given to the first of these that an op of it covers."""
+
+
+def kind(op: Op) -> str:
+    """compute, collectives or copies: the op's category (harness.xla.categories, from its
+    HLO op name) folded to what the breakdown tells apart; a memory copy or host transfer is
+    a copy, a collective a collective, any other op (a GPU kernel without an HLO name
+    included) compute."""
+    if op.memcpy:
+        return "copies"
+    found = categories.category_of_name(op.name)
+    if found.startswith("collective: "):
+        return "collectives"
+    return "copies" if found in (categories.COPY, categories.HOST) else "compute"
+
+
+def breakdown_ns(ops: list[Op], begin: float, end: float) -> dict[str, float]:
+    """The window [begin, end) split into compute, collectives, copies and idle: each
+    instant goes to the first kind (in that order) with an op running then, or to idle when
+    none runs, so a collective hidden behind compute counts as compute (only its exposed
+    time is the collectives'), and the four add up to the window exactly."""
+    edges = []
+    for op in ops:
+        start, stop = max(op.start, begin), min(op.end, end)
+        if stop > start:
+            edges += [(start, 1, kind(op)), (stop, -1, kind(op))]
+    edges.sort(key=lambda e: (e[0], e[1]))
+    found = dict.fromkeys(BREAKDOWN, 0.0)
+    running = dict.fromkeys(BREAKDOWN[:3], 0)
+    at = begin
+    for time, step, what in edges:
+        busy = next((k for k in BREAKDOWN[:3] if running[k]), "idle")
+        found[busy] += time - at
+        running[what] += step
+        at = time
+    found["idle"] += end - at
+    return found
+
+
 def devices(capture: Capture, top: int = 10) -> list[dict]:
     """Per device with ops: busy ms (the union of its kernels' intervals), memcpy ms (of its
     copies'), span ms (first op's start to last op's end), executions and executions per
-    module, and the `top` ops by summed time (kernels)."""
+    module, the `top` ops by summed time (kernels), and the span's breakdown into compute,
+    collectives, copies and idle ms (`breakdown_ns`)."""
     found = []
     for device in dict.fromkeys(op.device for op in capture.ops):
         mine = [op for op in capture.ops if op.device == device]
@@ -208,6 +250,8 @@ def devices(capture: Capture, top: int = 10) -> list[dict]:
             "busy_ms": union_ns([(op.start, op.end) for op in kernels]) / 1e6,
             "memcpy_ms": union_ns([(op.start, op.end) for op in mine if op.memcpy]) / 1e6,
             "span_ms": (max(op.end for op in mine) - min(op.start for op in mine)) / 1e6,
+            "breakdown_ms": {k: v / 1e6 for k, v in breakdown_ns(
+                mine, min(op.start for op in mine), max(op.end for op in mine)).items()},
             "executions": len(keys),
             "modules": dict(Counter(capture.executions[k][1] for k in keys)),
             "top_ops": [[name, ms] for name, ms in by_op.most_common(top)],

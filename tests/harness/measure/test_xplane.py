@@ -8,7 +8,7 @@ import pathlib
 import pytest
 from jax.profiler import ProfileData
 
-from harness.measure import trace
+from harness.measure import trace, xplane
 
 TRACES = pathlib.Path(__file__).resolve().parents[2] / "data" / "traces"
 CAPTURES = sorted(TRACES.glob("*/*.xplane.pb"))
@@ -100,3 +100,29 @@ def test_a_capture_without_step_annotations_is_one_window():
     summary = trace.summarize(str(CAPTURES[0]))
     assert summary["steps"] == [] and summary["devices"]
     assert trace.parse_steps(str(CAPTURES[0])) == []
+
+
+@pytest.mark.parametrize("path", CAPTURES, ids=lambda p: p.parent.name)
+def test_each_devices_span_splits_into_compute_collectives_copies_and_idle(path):
+    """The breakdown adds up to the span exactly (float sums: rel 1e-9), and its busy part
+    is the union of the device's ops counted a second way (xplane.union_ns)."""
+    capture = xplane.read(str(path))
+    for device in trace.summarize(str(path))["devices"]:
+        parts = device["breakdown_ms"]
+        assert set(parts) == set(xplane.BREAKDOWN)
+        assert sum(parts.values()) == pytest.approx(device["span_ms"], rel=1e-9)
+        mine = [(op.start, op.end) for op in capture.ops if op.device == device["name"]]
+        assert parts["compute"] + parts["collectives"] + parts["copies"] == pytest.approx(
+            xplane.union_ns(mine) / 1e6, rel=1e-9)
+        assert parts["compute"] > 0 and min(parts.values()) >= 0
+
+
+def test_an_instant_goes_to_compute_then_collectives_then_copies_then_idle():
+    def op(name, start, end, memcpy=False):
+        return xplane.Op(device="d", name=name, start=start, end=end, memcpy=memcpy,
+                         execution=None, module=None)
+
+    ops = [op("fusion.1", 0, 10), op("all-gather-start.2", 5, 20), op("copy.3", 15, 30),
+           op("memcpy", 28, 32, memcpy=True)]
+    assert xplane.breakdown_ns(ops, 0, 40) == {"compute": 10.0, "collectives": 10.0,
+                                               "copies": 12.0, "idle": 8.0}
