@@ -69,7 +69,7 @@ def _quoted(value: str) -> str:
 
 def key_changes(old: Record, new: Record) -> list[str]:
     """Why two records of one dashboard cell have different keys (are not compared)."""
-    found = environment_changes(old.environment, new.environment, plan=_is_plan(new))
+    found = environment_changes(old.environment, new.environment, plan=is_plan(new))
     if old.config_hash != new.config_hash:
         found.append(f"config {old.config_hash} -> {new.config_hash} (the cell's spec or "
                      "options changed)")
@@ -83,7 +83,8 @@ def key_changes(old: Record, new: Record) -> list[str]:
     return found
 
 
-def _is_plan(record: Record) -> bool:
+def is_plan(record: Record) -> bool:
+    """A plan record (XLA's plan for a target), not a timed run."""
     return bool(record.run and record.run.plan_target)
 
 
@@ -127,7 +128,7 @@ def _why_new(record: Record, past: Sequence[Record]) -> list[str]:
     """What changed since the latest earlier record of the same arm and work, of the same
     kind (plan or timed), whose key differs from `record`'s ([] where there is none)."""
     earlier = [h for h in past if h.arm == record.arm and h.config_hash == record.config_hash
-               and _is_plan(h) == _is_plan(record)]
+               and is_plan(h) == is_plan(record)]
     if not earlier:
         return []
     latest = max(earlier, key=lambda h: (h.timestamp or "", h.round))

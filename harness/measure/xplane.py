@@ -218,7 +218,8 @@ def breakdown_ns(ops: list[Op], begin: float, end: float) -> dict[str, float]:
     for op in ops:
         start, stop = max(op.start, begin), min(op.end, end)
         if stop > start:
-            edges += [(start, 1, kind(op)), (stop, -1, kind(op))]
+            what = kind(op)
+            edges += [(start, 1, what), (stop, -1, what)]
     edges.sort(key=lambda e: (e[0], e[1]))
     found = dict.fromkeys(BREAKDOWN, 0.0)
     running = dict.fromkeys(BREAKDOWN[:3], 0)
@@ -241,6 +242,7 @@ def devices(capture: Capture, top: int = 10) -> list[dict]:
     for device in dict.fromkeys(op.device for op in capture.ops):
         mine = [op for op in capture.ops if op.device == device]
         kernels = [op for op in mine if not op.memcpy]
+        begin, end = min(op.start for op in mine), max(op.end for op in mine)
         keys = {op.execution for op in mine if op.execution is not None}
         by_op = Counter()
         for op in kernels:
@@ -249,9 +251,8 @@ def devices(capture: Capture, top: int = 10) -> list[dict]:
             "name": device,
             "busy_ms": union_ns([(op.start, op.end) for op in kernels]) / 1e6,
             "memcpy_ms": union_ns([(op.start, op.end) for op in mine if op.memcpy]) / 1e6,
-            "span_ms": (max(op.end for op in mine) - min(op.start for op in mine)) / 1e6,
-            "breakdown_ms": {k: v / 1e6 for k, v in breakdown_ns(
-                mine, min(op.start for op in mine), max(op.end for op in mine)).items()},
+            "span_ms": (end - begin) / 1e6,
+            "breakdown_ms": {k: v / 1e6 for k, v in breakdown_ns(mine, begin, end).items()},
             "executions": len(keys),
             "modules": dict(Counter(capture.executions[k][1] for k in keys)),
             "top_ops": [[name, ms] for name, ms in by_op.most_common(top)],

@@ -31,6 +31,7 @@ from reports.regression import (
     REGRESSION,
     NightlyRow,
     environment_changes,
+    is_plan,
     judge,
     key_changes,
 )
@@ -104,7 +105,7 @@ def cell_id(record: Record) -> CellId | None:
 
 
 def kind(record: Record) -> str:
-    return PLANNED if record.run is not None and record.run.plan_target else TIMED
+    return PLANNED if is_plan(record) else TIMED
 
 
 @dataclasses.dataclass(kw_only=True)
