@@ -294,6 +294,29 @@ def verdict(c: Comparison, min_effect: float = MIN_EFFECT) -> str:
     return SAME if c.enough else TOO_FEW
 
 
+STEP_NOISE_RULE = ("every traced step of one side lies outside the other side's range and the "
+                   "median step moved by more than two whole processes of identical code may "
+                   "differ (2.0x, one capture a side) and by 5%+ of the step")
+"""`beyond_step_noise` in words, for a table's legend."""
+
+
+def beyond_step_noise(a: Sequence[float], b: Sequence[float], step: float) -> bool:
+    """Whether one op's (or category's) time per traced step moved beyond noise from `a` to
+    `b`, two captures of one process each: the per-step ranges are disjoint (A/A noise of
+    its own steps), and the median step's ratio clears the process-spread bound of one run
+    a side (`spread_bound` at `PROCESS_LOG_SD`: a whole process of identical code runs up to
+    2.0x another's) with a change of at least `MIN_EFFECT` of `step` (the step's span: a
+    change that cannot move the step by that much explains no verdict). Medians, so one
+    slow step (a first traced step's cold cache) moves nothing."""
+    if not a or not b or min(a) < 0 or min(b) < 0:
+        return False
+    disjoint = max(a) < min(b) or max(b) < min(a)
+    mean_a, mean_b = statistics.median(a), statistics.median(b)
+    bound = float(np.exp(_normal_quantile(CONFIDENCE) * PROCESS_LOG_SD * np.sqrt(2)))
+    ratio = max(mean_a, mean_b) / min(mean_a, mean_b) if min(mean_a, mean_b) > 0 else math.inf
+    return disjoint and ratio > bound and abs(mean_b - mean_a) >= MIN_EFFECT * step
+
+
 def is_regression(c: Comparison, threshold: float) -> bool:
     """A slowdown of at least `threshold` that is beyond noise (the nightly rule)."""
     return verdict(c, threshold) == SLOWER

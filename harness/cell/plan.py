@@ -140,6 +140,8 @@ def summarize(arm_plan, compiled: dict[str, CompiledPlan], *, target: dict,
               mesh: dict[str, int], model_flops: float) -> Plan:
     """The record's plan section from an arm's plan, its compiled executables and the
     target's description."""
+    from harness.xla import categories
+
     resident = {part: bytes_per_device(tree) for part, tree in arm_plan.state.items()}
     executables = {
         name: executable_plan(compiled[name], arm_plan.calls_per_step.get(name, 0),
@@ -166,6 +168,8 @@ def summarize(arm_plan, compiled: dict[str, CompiledPlan], *, target: dict,
                                    else collectives),
         fits=None if capacity is None else planned[peak_name] <= capacity,
         compile_s=sum(c.compile_s for c in compiled.values()),
+        categories_per_step=categories.per_step({n: c.text for n, c in compiled.items()},
+                                                arm_plan.calls_per_step),
         host_peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 

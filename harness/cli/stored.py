@@ -51,6 +51,10 @@ class Compare(Command):
             print(compare.markdown(rows, old_label=str(args.old), new_label=str(args.new),
                                    min_effect=args.threshold))
         failing = compare.regressions(rows, cost_threshold=args.cost_threshold)
+        if failing and not args.json:
+            from harness.jobs.explain import what_changed
+
+            print("\n" + what_changed(rows, cost_threshold=args.cost_threshold))
         if args.fail_on_regression and failing:
             print("parity: regression:\n" + "\n".join(f"  {f}" for f in failing),
                   file=sys.stderr)
@@ -60,21 +64,27 @@ class Compare(Command):
 
 class Explain(Command):
     name = "explain"
-    help = "say by operation why two plans of one cell differ"
+    help = "say by operation why two plans, or two traces, of one cell differ"
     description = ("A and B: results (files or directories) each holding one plan record of "
-                   "the cell planned with --save-hlo (or give --arm). Per operation "
-                   "category (matmuls, fusions by kind, copies and relayouts, "
-                   "dynamic-update-slices, collectives by kind, custom calls, host "
-                   "transfers), per device and step: runs, FLOPs, HBM bytes and collective "
-                   "bytes of each side and the change, the largest movers first, and the "
-                   "categories on one side only. Exit 0, 2 on bad input.")
+                   "the cell planned with --save-hlo, or one record run with --trace, or two "
+                   "captures (.xplane.pb, or a logdir above one); --arm picks a record where "
+                   "the results hold several. Plans: per operation category (matmuls, fusions "
+                   "by kind, copies and relayouts, dynamic-update-slices, collectives by kind, "
+                   "custom calls, host transfers), per device and step, runs, FLOPs, HBM bytes "
+                   "and collective bytes of each side and the change. Traces: per device, the "
+                   "step split into compute, collectives, copies and idle, and device time per "
+                   "step by category and by op, each change marked beyond noise or not. The "
+                   "largest movers first, and what ran on one side only. Exit 0, 2 on bad "
+                   "input.")
 
     @classmethod
     def setup(cls, parser):
-        parser.add_argument("a", type=Path, help="results directory or .jsonl file (side A)")
-        parser.add_argument("b", type=Path, help="results directory or .jsonl file (side B)")
-        parser.add_argument("--arm", help="the arm whose plan to explain, where the results "
+        parser.add_argument("a", type=Path, help="results or capture (side A)")
+        parser.add_argument("b", type=Path, help="results or capture (side B)")
+        parser.add_argument("--arm", help="the arm whose record to explain, where the results "
                                           "hold several")
+        parser.add_argument("--trace", action="store_true",
+                            help="explain the traced windows, where results hold plans too")
         parser.add_argument("--top", type=int, default=None,
                             help="show only the N largest movers")
         parser.add_argument("--json", action="store_true", help="print JSON, not markdown")
@@ -84,10 +94,18 @@ class Explain(Command):
         import json
 
         from harness.jobs import explain
-        from reports.record import read_dir
+        from harness.measure import trace_diff
 
         if args.top is not None and args.top < 1:
             raise ValueError(f"--top {args.top}: give at least 1")
+        kinds = {explain.which(path, args.arm) for path in (args.a, args.b)}
+        if args.trace or kinds == {explain.TRACE}:
+            found = explain.explain_traces(args.a, args.b, args.arm)
+            print(json.dumps(trace_diff.to_json(found, args.top), indent=1) if args.json
+                  else trace_diff.markdown(found, args.top))
+            return 0
+        from reports.record import read_dir
+
         a = explain.pick(read_dir(args.a), str(args.a), args.arm)
         b = explain.pick(read_dir(args.b), str(args.b), args.arm)
         found = explain.explain(a, b)

@@ -140,5 +140,8 @@ def markdown(ref_a: str, ref_b: str, result: ABResult, rounds: int,
     head = [f"## A/B: {ref_a} (A, {result.shas['A'][:10]}) vs {ref_b} "
             f"(B, {result.shas['B'][:10]})", "",
             f"{rounds} interleaved rounds, each cell in its own process, {how}", ""]
-    return "\n".join(head) + compare_markdown(result.rows, old_label="A", new_label="B",
-                                              min_effect=min_effect)
+    from harness.jobs.explain import what_changed
+
+    table = compare_markdown(result.rows, old_label="A", new_label="B", min_effect=min_effect)
+    changed = what_changed(result.rows)
+    return "\n".join(head) + table + (f"\n{changed}" if changed else "")

@@ -1,4 +1,4 @@
-"""`parity explain`: why two plans of one cell differ, by operation category.
+"""`parity explain`: why two plans, or two traced windows, of one cell differ, by operation.
 
 Each side is a plan record whose executables' optimized HLO was kept (`parity plan
 --save-hlo`). Per side and category (harness.xla.categories), over one optimizer step:
@@ -7,6 +7,9 @@ times its calls per step, loops counted as they run (harness.xla.counts). The ro
 ordered by how much they moved (the largest change of bytes first); categories present on
 one side only are named. Every figure is the compiler's, per device, exact: a change is a
 change of the program, not noise.
+
+Two captures (`parity run --trace`, or any capture `parity trace` reads) are explained by
+harness.measure.trace_diff: per device, per op and category, device time per traced step.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from harness.measure import trace, trace_diff
 from harness.xla.categories import Totals, by_category
-from reports.record import Record, cell_name
+from reports.record import Record, cell_name, read_dir
 
 FIGURES = ("count", "flops", "hbm_bytes", "collective_bytes")
 
@@ -49,16 +53,19 @@ class Explanation:
 
 
 def per_step(record: Record) -> dict[str, Totals]:
-    """The record's step by category: each running executable's HLO (kept by `--save-hlo`)
-    split by category, times its calls per step. ValueError naming the fix where the HLO
-    was not kept or is gone."""
+    """The record's step by category: as the record carries it (a plan's or a compiled
+    cost's `categories_per_step`), else from the HLO a plan kept (`--save-hlo`), each
+    executable's split by category times its calls per step. ValueError naming the fix
+    where neither is there."""
     where = cell_name(record.arm, record.spec)
+    carried = (record.plan.categories_per_step if record.plan is not None
+               else record.cost.categories_per_step if record.cost is not None else {})
+    if carried:
+        return {category: Totals(**figures) for category, figures in carried.items()}
     plan = record.plan
-    if plan is None:
-        raise ValueError(f"{where}: not a plan record; explain two `parity plan --save-hlo` "
-                         "results")
-    if not plan.hlo_dir:
-        raise ValueError(f"{where}: the plan kept no HLO; plan it again with --save-hlo")
+    if plan is None or not plan.hlo_dir:
+        raise ValueError(f"{where}: the record carries no step by category (made before "
+                         "parity recorded one); plan or run the cell again")
     found: dict[str, Totals] = {}
     for name, executable in plan.executables.items():
         if not executable.calls_per_step:
@@ -86,17 +93,26 @@ def explain(a: Record, b: Record) -> Explanation:
         only_b=[c for c in names if c not in sides[0]])
 
 
+def _programs(records: list[Record], arm: str | None) -> list[Record]:
+    """The ok records of `arm` (any arm when None) whose step can be split by category: a
+    plan, or a run's compiled cost."""
+    return [r for r in records if r.ok and (arm is None or r.arm == arm)
+            and (r.plan is not None or (r.cost is not None and r.cost.categories_per_step))]
+
+
 def pick(records: list[Record], where: str, arm: str | None) -> Record:
-    """The one plan record in `records` (of `arm` when given); ValueError naming the
-    candidates when there is none or more than one."""
-    found = [r for r in records if r.ok and r.plan is not None
-             and (arm is None or r.arm == arm)]
-    if len(found) != 1:
-        names = ", ".join(sorted(cell_name(r.arm, r.spec) for r in found)) or "none"
-        raise ValueError(f"{where}: {len(found)} plan records"
-                         f"{f' of arm {arm}' if arm else ''} ({names}); give --arm, or "
-                         "results of one cell planned with --save-hlo")
-    return found[0]
+    """The record of the one cell in `records` (of `arm` when given) whose step can be
+    split by category: its plan, else its compiled cost (rounds of one cell compile the
+    same program: the first is taken). ValueError naming the candidates where there is no
+    such cell or more than one."""
+    found = _programs(records, arm)
+    cells = sorted({cell_name(r.arm, r.spec) for r in found})
+    if len(cells) != 1:
+        raise ValueError(f"{where}: {len(cells)} cells with a plan or compiled cost"
+                         f"{f' of arm {arm}' if arm else ''} ({', '.join(cells) or 'none'}); "
+                         "give --arm, or results of one cell")
+    plans = [r for r in found if r.plan is not None]
+    return (plans or found)[0]
 
 
 BYTES = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
@@ -117,12 +133,14 @@ def _units(found: Explanation) -> dict[str, tuple[str, float]]:
 def markdown(found: Explanation, top: int | None = None) -> str:
     """The explanation as a table a PR can carry (the `top` movers, or every category)."""
     units = _units(found)
-    what = {"count": "", "flops": "", "hbm_bytes": "HBM ", "collective_bytes": "collective "}
+    what = {"count": "", "flops": "matmul ", "hbm_bytes": "HBM ",
+            "collective_bytes": "collective "}
     header = ["category"] + [f"{what[f]}{units[f][0]} {side}" for f in FIGURES
                              for side in ("A", "B", "B-A")]
     lines = [f"A: {found.a}", f"B: {found.b}", "",
-             "Per device and optimizer step, XLA's plan (exact; loops counted as they run), "
-             "the largest movers first.", "",
+             "Per device and optimizer step, the compiled program's figures (XLA's plan, or "
+             "the compiled cost of a run; exact, loops counted as they run), the largest "
+             "movers first.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in found.rows[:top]:
         cells = [row.category]
@@ -143,3 +161,103 @@ def to_json(found: Explanation, top: int | None = None) -> dict:
     return {"a": found.a, "b": found.b, "only_a": found.only_a, "only_b": found.only_b,
             "rows": [{"category": r.category, "a": dataclasses.asdict(r.a),
                       "b": dataclasses.asdict(r.b)} for r in found.rows[:top]]}
+
+
+PLAN, TRACE = "plan", "trace"
+
+
+def capture_of(path: Path, arm: str | None) -> tuple[str, str]:
+    """(the .xplane.pb, a label) of side `path`: a capture file, a capture's logdir, or
+    results holding one traced record (of `arm` when given). ValueError naming the fix."""
+    if path.is_file() and path.name.endswith(".xplane.pb"):
+        return str(path), str(path)
+    if path.is_dir() and not any(path.rglob("*.jsonl")):
+        try:
+            return trace.find_xplane(str(path)), str(path)
+        except FileNotFoundError:
+            raise ValueError(f"{path}: no results (*.jsonl) and no .xplane.pb below it") from None
+    records = [r for r in read_dir(path) if r.ok and r.trace is not None
+               and (arm is None or r.arm == arm)]
+    if len(records) != 1:
+        names = ", ".join(sorted(cell_name(r.arm, r.spec) for r in records)) or "none"
+        raise ValueError(f"{path}: {len(records)} traced records{f' of arm {arm}' if arm else ''}"
+                         f" ({names}); give --arm, or results of one cell run with --trace")
+    record = records[0]
+    if not Path(record.trace.xplane).is_file():
+        raise ValueError(f"{path}: its capture {record.trace.xplane} is gone; run the cell "
+                         "again with --trace")
+    return record.trace.xplane, f"{cell_name(record.arm, record.spec)} ({record.run_id})"
+
+
+def which(path: Path, arm: str | None) -> str:
+    """PLAN where `path` holds a record whose step splits by category (a plan, or a run's
+    compiled cost; of `arm` when given), else TRACE (captures and traced results)."""
+    if path.is_file() and path.name.endswith(".xplane.pb"):
+        return TRACE
+    if path.is_dir() and not any(path.rglob("*.jsonl")):
+        return TRACE
+    return PLAN if _programs(read_dir(path), arm) else TRACE
+
+
+def explain_traces(a: Path, b: Path, arm: str | None) -> trace_diff.TraceExplanation:
+    """Two captures of one cell, explained (trace_diff)."""
+    sides = []
+    for path in (a, b):
+        xplane_path, label = capture_of(path, arm)
+        try:
+            sides.append(trace_diff.read_side(xplane_path, label))
+        except ValueError:
+            raise
+        except Exception as err:  # not an XSpace protobuf: one line, not a traceback
+            raise ValueError(f"{xplane_path}: cannot read it as a profiler capture "
+                             f"({type(err).__name__}: {err})") from None
+    return trace_diff.explain(*sides)
+
+
+TOP = 5
+"""Movers shown under each regressed cell."""
+
+
+def _traced(records: list[Record]) -> Record | None:
+    return next((r for r in records if r.trace is not None
+                 and Path(r.trace.xplane).is_file()), None)
+
+
+def cell_change(old: list[Record], new: list[Record], top: int = TOP) -> str:
+    """Why one cell's `new` records differ from its `old` ones: the compiled step's movers
+    by category where both sides carry it, and the traced windows' where both were traced
+    (their captures still on disk); '' where neither side can say."""
+    parts = []
+    a, b = _programs(old, None), _programs(new, None)
+    if a and b:
+        found = explain(a[0], b[0])
+        parts.append(markdown(found, top))
+        if not found.only_a and not found.only_b and not any(
+                row.change(f) for row in found.rows for f in FIGURES):
+            parts.append("The compiled step is the same in every category: what changed is "
+                         "outside the program (the host's work, the input, the machine).\n")
+    ta, tb = _traced(old), _traced(new)
+    if ta and tb:
+        sides = [trace_diff.read_side(r.trace.xplane, f"{cell_name(r.arm, r.spec)} "
+                                                      f"({r.run_id})") for r in (ta, tb)]
+        parts.append(trace_diff.markdown(trace_diff.explain(*sides), top))
+    return "\n".join(parts)
+
+
+def what_changed(rows, *, cost_threshold: float = 0.0, top: int = TOP) -> str:
+    """Under every cell `reports.compare.regressions` calls a regression (rows of
+    `compare_sets`): what changed there (`cell_change`), or why nothing can be said."""
+    from reports.compare import regressions
+
+    blocks = []
+    for row in rows:
+        if not regressions([row], cost_threshold=cost_threshold):
+            continue
+        found = ""
+        if row.old and row.new and row.old.ok and row.new.ok:
+            found = cell_change(row.old.ok, row.new.ok, top)
+        blocks.append(f"### What changed: {row.name}\n\n" + (
+            found or "Neither a compiled step by category nor two traced windows on both "
+            "sides: run the cell with --trace (or plan it) on both to see which operations "
+            "moved.\n"))
+    return "\n".join(blocks)

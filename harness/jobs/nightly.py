@@ -78,6 +78,19 @@ def published_text(done: site.Published) -> str:
             f"{done.seconds:.1f} s)")
 
 
+def _what_changed(row) -> str:
+    """A regressed cell's movers against the latest comparable run of its history
+    (harness.jobs.explain.cell_change), or ''."""
+    from harness.jobs.explain import cell_change
+
+    if not row.history or not row.cell.ok:
+        return ""
+    latest = [r for r in row.history if r.run_id == row.history[-1].run_id and r.ok]
+    found = cell_change(latest, row.cell.ok) if latest else ""
+    return f"\n#### What changed: {row.cell.name} (against run {row.history[-1].run_id})\n\n" \
+        f"{found}" if found else ""
+
+
 def evaluate(new: list[Record], history_dir: Path, *, threshold: float,
              report_dir: Path, publish_to: Path | None = None) -> tuple[int, str]:
     """Compares `new` (already appended to the history) with the rest of the history;
@@ -92,6 +105,7 @@ def evaluate(new: list[Record], history_dir: Path, *, threshold: float,
     for i, row in enumerate(regressed):
         png = nightly_report.history_plot(row, report_dir / f"regression_{i}.png")
         text += f"\n![{row.cell.name}]({png.name})\n"
+        text += _what_changed(row)
     (report_dir / "nightly.md").write_text(text)
     code = EXIT_REGRESSION if regressed else EXIT_OK
     if not new or any(not r.ok for r in new):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from harness.measure.devices import PEAK_BF16_FLOPS
+from harness.xla import categories
 from harness.xla.compiled import compiled_cost
 from reports.record import Cost
 
@@ -37,4 +38,6 @@ def cost(executables: Mapping, calls: Mapping[str, int], *, model_flops: float,
         bytes_accessed_per_step=per_step(accessed, calls), calls_per_step=dict(calls),
         compiled_flops_per_executable=flops, bytes_accessed_per_executable=accessed,
         loop_trip_counts={name: list(c.trip_counts) for name, c in compiled.items()},
-        unavailable={name: c.reason for name, c in compiled.items() if c.reason})
+        unavailable={name: c.reason for name, c in compiled.items() if c.reason},
+        categories_per_step=categories.per_step(
+            {name: c.as_text() for name, c in executables.items()}, calls))

@@ -51,6 +51,10 @@ _NO_DATA = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "a
 _FUSION_KIND = re.compile(r"\bkind=k(\w+)")
 _TARGET = re.compile(r'custom_call_target="([^"]+)"')
 _OPCODE_OF_NAME = re.compile(r"^%?([a-z][a-z-]*?)(?:[.-]\d+)*$")
+_NUMBER = re.compile(r"(?:[.-]\d+)+$")
+_NAMED_FUSION = re.compile(r"^([a-z0-9_]+)_fusion$")
+_WRAPPED = "wrapped_"
+_FUSION_KINDS = {"loop", "input", "output", "custom"}
 
 
 def _collective(opcode: str) -> str | None:
@@ -103,13 +107,29 @@ def category(inst: Instruction, module: Module | None = None) -> str:
 
 def category_of_name(name: str, module: Module | None = None) -> str:
     """The category of the instruction a trace names `name`: the instruction's own where
-    `module` holds it, else the one its opcode (the name's prefix) gives; a name that is no
-    instruction's ("Thunk:#1") is `other: <name>`."""
+    `module` holds it, else the one its name gives. XLA names an instruction after its
+    opcode ("fusion.12", "all-gather-start.3"), and some fusions after what they hold, the
+    kind first where it is named ("loop_multiply_fusion", "input_reduce_fusion.2"; a `dot`
+    or `convolution` among the words is a matmul), or after the library that runs them
+    (XLA:CPU's "ynn_fusion.3", YNNPACK's: `fusion: ynn`). A name that is neither is
+    `other: <name less its number>` ("Thunk:#1" stays whole). XLA:CPU's `wrapped_<opcode>`
+    (a fusion of one instruction) is that instruction's category."""
     if module is not None and name in module.by_name:
         return category(module.by_name[name], module)
     found = _OPCODE_OF_NAME.match(name)
     if found is None:
-        return f"other: {name}"
+        base = _NUMBER.sub("", name.lstrip("%"))
+        if base.startswith(_WRAPPED):  # XLA:CPU's fusion of one op: the op's category
+            return category_of_name(base.removeprefix(_WRAPPED))
+        fused = _NAMED_FUSION.match(base)
+        if fused is None:
+            return f"other: {base}"
+        words = fused.group(1).split("_")
+        if {"dot", "convolution"} & set(words):
+            return MATMUL
+        if words[0] in _FUSION_KINDS or len(words) == 1:  # a kind, or a library's fusion
+            return f"fusion: {words[0]}"
+        return "fusion: unknown kind"
     opcode = found.group(1)
     stub = Instruction(name=name, shape="", opcode=opcode, operands=(), arguments="",
                        attributes="", root=False)
@@ -140,3 +160,23 @@ def by_category(hlo_text: str) -> dict[str, Totals]:
         totals.hbm_bytes += entry.costs.hbm_bytes
         totals.collective_bytes += sum(entry.costs.collective_bytes.values())
     return dict(sorted(found.items(), key=lambda item: -item[1].hbm_bytes))
+
+
+def per_step(texts: dict[str, str], calls: dict[str, int]) -> dict[str, dict[str, float]]:
+    """A step's figures by category: `by_category` of each executable's HLO text times its
+    calls per step, summed; as plain dicts (count, flops, hbm_bytes, collective_bytes) for
+    a record. Empty where an executable's HLO cannot be counted (the record's other cost
+    figures say why)."""
+    found: dict[str, Totals] = {}
+    try:
+        for name, text in texts.items():
+            if not calls.get(name):
+                continue
+            for key, totals in by_category(text).items():
+                into = found.setdefault(key, Totals())
+                for figure, value in dataclasses.asdict(totals).items():
+                    setattr(into, figure, getattr(into, figure) + calls[name] * value)
+    except counts.Unavailable:
+        return {}
+    return {key: dataclasses.asdict(totals) for key, totals in
+            sorted(found.items(), key=lambda item: -item[1].hbm_bytes)}

@@ -46,9 +46,14 @@ def _fields(cls) -> tuple[frozenset[str], list[tuple[str, bool, Any]]]:
         hints = typing.get_type_hints(cls)
         fields = dataclasses.fields(cls)
         _SECTIONS[cls] = (frozenset(f.name for f in fields),
-                          [(f.name, f.default is dataclasses.MISSING,
-                            _checker(hints[f.name])) for f in fields])
+                          [(f.name, _required(f), _checker(hints[f.name])) for f in fields])
     return _SECTIONS[cls]
+
+
+def _required(field: dataclasses.Field) -> bool:
+    """A field without a default (neither a value nor a factory) must be in the data."""
+    return (field.default is dataclasses.MISSING
+            and field.default_factory is dataclasses.MISSING)
 
 
 def _build(cls, data: Any, where: str, path: str):

@@ -3,6 +3,8 @@ executables, and the step's roofline on the target's datasheet."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from reports.record.decode import record_section as _section
 
 __all__ = ["Bound", "Datasheet", "ExecutablePlan", "Plan", "Roofline"]
@@ -134,6 +136,10 @@ class Plan:
     """The plan process's peak resident memory on the host."""
     hlo_dir: str | None = None
     """Where each executable's optimized HLO text was written (`parity plan --save-hlo`)."""
+    categories_per_step: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    """The step by operation category (harness.xla.categories): per category, instruction
+    runs, FLOPs, HBM bytes and collective bytes per device, every executable x its calls
+    per step, loops counted as they run; what `parity explain` compares."""
     libtpu_build: str | None = None
     """The compiler build that made the plan, as its client names itself (libtpu's
     platform version: build date and changelist)."""

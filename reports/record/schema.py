@@ -225,6 +225,11 @@ class Cost:
     """Known trip counts of each executable's while loops (empty: no loops)."""
     unavailable: dict[str, str] = dataclasses.field(default_factory=dict)
     """Executable -> why its compiled cost is unavailable (e.g. a loop of unknown length)."""
+    categories_per_step: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    """The compiled step by operation category (harness.xla.categories): per category,
+    instruction runs, FLOPs, bytes and collective bytes, every executable x its calls per
+    step, loops counted as they run (empty where the HLO could not be counted); what
+    `parity explain` compares."""
 
 
 @_section

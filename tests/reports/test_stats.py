@@ -264,3 +264,19 @@ def test_median_ci_is_scipys_percentile_bootstrap_to_the_bit():
         assert ours.median == np.median(medians)
     assert all(stats.run_median(r) == np.median(r) for r in
                [rng.normal(0, 1, rng.integers(1, 60)) for _ in range(500)])
+
+
+def test_a_trace_mover_needs_disjoint_steps_a_process_sized_ratio_and_a_share_of_the_step():
+    step = 10.0  # ms; 5% of it is 0.5 ms
+    assert stats.beyond_step_noise([1.0, 1.1, 0.9], [3.0, 3.2, 2.9], step)
+    assert stats.beyond_step_noise([3.0, 3.2, 2.9], [1.0, 1.1, 0.9], step)  # either way
+    # overlapping steps: within the A/A noise of its own steps, however far the means are
+    assert not stats.beyond_step_noise([1.0, 1.1, 3.5], [3.0, 3.2, 2.9], step)
+    # disjoint, but 1.9x: two whole processes of identical code may differ by 2.0x
+    assert not stats.beyond_step_noise([1.0, 1.0, 1.0], [1.9, 1.9, 1.9], step)
+    # disjoint and 3x, but 0.2 ms of a 10 ms step: it cannot explain a verdict
+    assert not stats.beyond_step_noise([0.1, 0.1, 0.1], [0.3, 0.3, 0.3], step)
+    # one slow step (a cold first step) moves the mean 20x, not the median
+    assert not stats.beyond_step_noise([0.5, 0.5, 0.5], [30.0, 0.6, 0.6], step)
+    # an op on one side only is not compared here (it is listed as one side's)
+    assert not stats.beyond_step_noise([], [3.0], step)

@@ -69,12 +69,26 @@ def test_a_plan_against_itself_changes_nothing(planned):
     assert all(r["a"] == r["b"] for r in found["rows"])
 
 
-def test_a_plan_without_its_hlo_is_refused_naming_the_fix(planned, tmp_path):
+def test_the_step_by_category_a_plan_carries_is_the_one_its_kept_hlo_gives(planned):
+    """Two counts of one thing: the record's categories_per_step (made in the plan
+    process) and the same split made here from the HLO files --save-hlo kept."""
+    from harness.jobs import explain
+
+    for side in planned:
+        (record,) = read_dir(side)
+        carried = explain.per_step(record)
+        assert carried and sum(t.count for t in carried.values()) > 0
+        record.plan.categories_per_step = {}
+        assert explain.per_step(record) == carried
+
+
+def test_a_record_without_its_step_by_category_is_refused_naming_the_fix(planned, tmp_path):
     real, _ = planned
     (record,) = read_dir(real)
     record.plan.hlo_dir = None
+    record.plan.categories_per_step = {}
     bare = tmp_path / "bare.jsonl"
     bare.write_text(json.dumps(record.to_json()) + "\n")
     proc = _explain(real, bare)
     assert proc.returncode == 2
-    assert "the plan kept no HLO; plan it again with --save-hlo" in proc.stderr
+    assert "carries no step by category" in proc.stderr

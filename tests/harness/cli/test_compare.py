@@ -69,6 +69,14 @@ def test_compare_flags_a_planted_cost_change_without_timing_samples(two_runs):
     failing = parity_cli("compare", str(old), str(new), "--fail-on-regression")
     assert failing.returncode == 1
     assert "cost compiled_flops_per_step" in failing.stderr
+    # the regression is explained: the planted elementwise pass is the first mover, more
+    # loop fusions reading and writing more bytes (the step's other categories unchanged)
+    changed = failing.stdout.split("### What changed: native tiny seq=16 batch=4 ga=1")[1]
+    first = next(line for line in changed.splitlines() if line.startswith("| ")
+                 and not line.startswith("| category"))
+    cells = [c.strip() for c in first.strip("|").split("|")]
+    assert cells[0] == "fusion: loop"
+    assert float(cells[3]) > 0 and float(cells[9]) > 0  # runs B-A, HBM B-A
 
     data = json.loads(parity_cli("compare", str(old), str(new), "--json").stdout)
     (cell,) = data["cells"]

@@ -72,6 +72,17 @@ def test_every_instruction_of_a_program_has_exactly_one_named_category():
     ("send-done.2", categories.HOST),
     ("add.3", "other: add"),
     ("Thunk:#1", "other: Thunk:#1"),
+    # fusions XLA names after what they hold, the kind first where it names one
+    ("loop_multiply_fusion", "fusion: loop"),
+    ("input_reduce_fusion.2", "fusion: input"),
+    ("multiply_bitcast_fusion.8", "fusion: unknown kind"),
+    ("dot_bitcast_fusion.1", categories.MATMUL),
+    ("ynn_fusion.54", "fusion: ynn"),  # XLA:CPU's fusions run by YNNPACK
+    # XLA:CPU's fusion of a single instruction is that instruction
+    ("wrapped_copy.3", categories.COPY),
+    ("wrapped_scatter", "other: scatter"),
+    # an unknown name less its number, so its runs share one category
+    ("cond.102", "other: cond"),
 ])
 def test_a_trace_op_is_named_by_the_opcode_its_name_begins_with(name, expected):
     assert categories.category_of_name(name) == expected
