@@ -20,7 +20,7 @@ from __future__ import annotations
 import pandas as pd
 
 from reports import baseline, stats
-from reports.parity import GRAD_TOLERANCE, PASS
+from reports.parity import PASS, TOLERANCE_RULE
 from reports.tables import (
     ARM_VIEW,
     MISSING,
@@ -126,7 +126,7 @@ def gradient_parity(frame: pd.DataFrame) -> str:
     failed = sum(v is not None and v.status != PASS for v in verdicts)
     unchecked = len(verdicts) - passed - failed
     return "\n\n".join([
-        markdown(["shape", "arm", f"gradient parity (rel_l2, PASS <= {GRAD_TOLERANCE:g})"],
+        markdown(["shape", "arm", f"gradient parity (rel_l2, {TOLERANCE_RULE})"],
                  rows),
         f"Gradient parity: {passed} PASS, {failed} FAIL"
         + (f", {unchecked} not checked" if unchecked else "") + "."])

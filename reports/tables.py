@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 
 from reports import stats
-from reports.parity import GRAD_TOLERANCE, ParityVerdict
+from reports.parity import TOLERANCE_RULE, ParityVerdict
 from reports.record import ExecutableMemory
 from reports.viewers import viewer_commands
 from reports.work import different_work
@@ -307,7 +307,7 @@ def parity(df: pd.DataFrame) -> str:
                      (r["data_digest"] or MISSING)[:12]))
     return markdown(["shape", "arm", "micro-batch denominators", "sum", "loss (trainer)",
                      "exact loss", "gradient L2", "rel_l2 vs exact",
-                     f"verdict (PASS <= {GRAD_TOLERANCE:g})", "data"], rows)
+                     f"verdict ({TOLERANCE_RULE})", "data"], rows)
 
 
 def traced(df: pd.DataFrame) -> str:

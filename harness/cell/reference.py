@@ -1,8 +1,11 @@
 """A cell's gradient parity: the first step's captured gradient against the exact sum/sum
-reference, computed once per spec in a run and shared through REFERENCE_DIR."""
+reference, computed once per spec in a run and shared through REFERENCE_DIR. A cell whose
+compute dtype is below float32 also gets the same reference in float32, and the distance
+between the two (the dtype's floor) sizes its tolerance (reports.parity.tolerance)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -17,13 +20,17 @@ def parity_section(spec, captured, first_loss: float) -> Parity:
 
     batches = spec.micro_batches(0)
     exact_loss, exact, shared = _exact_reference(spec, batches)
+    floor = None
+    if spec.dtype != "float32":  # how far the dtype's own arithmetic puts the reference
+        _, exact32, _ = _exact_reference(dataclasses.replace(spec, dtype="float32"), batches)
+        floor = rel_l2(exact, exact32)
     return Parity(
         data_digest=data_digest(batches), denominators=denominators(batches),
         denominator=sum(denominators(batches)), loss=first_loss, exact_loss=exact_loss,
         loss_rel_error=abs(first_loss - exact_loss) / abs(exact_loss) if exact_loss else None,
         grad_l2=global_norm(captured), exact_grad_l2=global_norm(exact),
         rel_l2=rel_l2(captured, exact), tied_head=spec.model_config().tie_embeddings,
-        reference_shared=shared)
+        reference_shared=shared, floor_rel_l2=floor)
 
 
 def _exact_reference(spec, batches) -> tuple[float, dict, bool]:

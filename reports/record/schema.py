@@ -256,6 +256,11 @@ class Parity:
     reference_shared: bool = False
     """The exact reference was read from the run's store, where an earlier cell of the same
     spec (same weights, data and loss) had computed it (harness.cell.reference)."""
+    floor_rel_l2: float | None = None
+    """For a compute dtype below float32: ||g_exact - g_exact32|| / ||g_exact32||, the
+    distance the dtype's arithmetic alone puts between the exact reference and the same
+    reference computed in float32 (same weights and data). None for float32 cells. The
+    parity tolerance of such a cell is sized by it (reports.parity.tolerance)."""
 
 
 @_section

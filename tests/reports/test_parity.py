@@ -41,7 +41,16 @@ def test_the_fixture_passes_exact_arms_and_fails_peft_at_ragged_ga2_with_the_cau
 def test_pass_and_fail_turn_on_the_tolerance():
     assert parity_verdict(_cell("engine", 1, [64], GRAD_TOLERANCE)).status == PASS
     assert parity_verdict(_cell("engine", 1, [64], GRAD_TOLERANCE * 1.01)).status == FAIL
-    assert parity_verdict(_cell("engine", 1, [64], 2e-5), tolerance=1e-4).passed
+    # bfloat16 work is held to its floor (the reference against itself in float32)
+    bf16 = _cell("engine", 1, [64], 7.5e-3)
+    assert not parity_verdict(bf16).passed  # no floor recorded: the float32 tolerance
+    bf16.parity.floor_rel_l2 = 2.57e-2
+    assert parity_verdict(bf16).passed and parity_verdict(bf16).tolerance == 2.57e-2
+    bf16.parity.rel_l2 = 2.6e-2
+    assert parity_verdict(bf16).text() == "FAIL (rel_l2 2.60e-02 > 0.0257: cause unknown)"
+    bf16.parity.floor_rel_l2 = 1e-9  # never below the float32 tolerance
+    bf16.parity.rel_l2 = GRAD_TOLERANCE
+    assert parity_verdict(bf16).passed and parity_verdict(bf16).tolerance == GRAD_TOLERANCE
     passed = parity_verdict(_cell("engine", 1, [64], 1.79e-6))
     assert passed.text() == "PASS (rel_l2 1.79e-06 <= 1e-05)" and passed.causes == ()
 

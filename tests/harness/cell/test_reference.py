@@ -1,0 +1,48 @@
+"""harness.cell.reference: the exact reference of a cell, and, for work in bfloat16, the
+floor its tolerance is sized by."""
+
+import dataclasses
+
+import jax
+import pytest
+from flax import nnx
+
+from arms.spec import CellSpec
+from arms.workload import exact_loss_and_gradient, rel_l2
+from engine.model import build_decoder, make_mesh
+from harness.cell.reference import parity_section
+from reports.parity import FAIL, GRAD_TOLERANCE, PASS, parity_verdict
+from reports.record import Record
+
+SPEC = CellSpec(preset="tiny", seq=16, batch=4, ga=2, ragged=(20, 4))
+
+
+def _exact(spec, batches):
+    """The exact gradient of `spec` on `batches`, made here from the public parts."""
+    model = build_decoder(spec.model_config(), seed=spec.seed,
+                          mesh=make_mesh("", devices=jax.local_devices()[:1]))
+    _, grads = exact_loss_and_gradient(model, batches, spec.loss_fn())
+    return jax.device_get(nnx.to_pure_dict(grads))
+
+
+def test_a_bfloat16_cell_records_its_floor_and_is_judged_by_it(monkeypatch):
+    monkeypatch.delenv("PARITY_REFERENCE_DIR", raising=False)
+    bf16 = dataclasses.replace(SPEC, dtype="bfloat16")
+    batches = bf16.micro_batches(0)
+    exact16, exact32 = _exact(bf16, batches), _exact(SPEC, batches)
+    # the bfloat16 reference itself, captured: exact; the floor is its distance from float32
+    section = parity_section(bf16, exact16, first_loss=1.0)
+    assert section.rel_l2 == 0.0
+    assert section.floor_rel_l2 == pytest.approx(rel_l2(exact16, exact32), rel=1e-12)
+    assert 1e-4 < section.floor_rel_l2 < 1e-1  # bfloat16's rounding, not a different sum
+    # judged by the floor: within it PASS, beyond it FAIL
+    record = Record(arm="native", spec=bf16, parity=section)
+    inside = dataclasses.replace(section, rel_l2=section.floor_rel_l2 / 3)
+    beyond = dataclasses.replace(section, rel_l2=section.floor_rel_l2 * 1.5)
+    assert parity_verdict(dataclasses.replace(record, parity=inside)).status == PASS
+    assert parity_verdict(dataclasses.replace(record, parity=beyond)).status == FAIL
+    assert parity_verdict(dataclasses.replace(record, parity=inside)).tolerance == (
+        section.floor_rel_l2 > GRAD_TOLERANCE and section.floor_rel_l2)
+    # a float32 cell has no floor: GRAD_TOLERANCE holds it
+    plain = parity_section(SPEC, exact32, first_loss=1.0)
+    assert plain.floor_rel_l2 is None and plain.rel_l2 == 0.0
