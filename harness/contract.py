@@ -125,6 +125,12 @@ def reference_file(directory: str, spec: dict) -> str:
     return f"{directory}/{cell_hash(spec)}.msgpack"
 
 
+def progress_file(out: str) -> str:
+    """Where a worker writing its record to `out` notes each phase as it ends ("name
+    seconds" lines), so the parent can say where a cell it killed at its timeout was."""
+    return f"{out}.progress"
+
+
 def cell_json(cell: CellRun) -> str:
     """`cell` as the worker's --cell JSON: the fields that differ from their defaults, so a
     worker of an older commit that lacks a newer field still reads it."""

@@ -13,11 +13,19 @@ class Phases:
     """Wall seconds of each phase of the cell's process, in the order they ran (the record's
     `phases`): where a cell's time goes, so waste can be found by measuring."""
 
-    def __init__(self, spawned_at: float | None = None):
+    def __init__(self, spawned_at: float | None = None, progress: str | None = None):
         self.seconds: dict[str, float] = {}
+        self._progress = progress
+        """A file each ended phase is appended to (harness.contract.progress_file)."""
         if spawned_at is not None:
             self.seconds["start"] = max(0.0, time.time() - spawned_at)
+            self._note("start")
         self._last = time.perf_counter()
+
+    def _note(self, name: str) -> None:
+        if self._progress:
+            with open(self._progress, "a") as out:
+                out.write(f"{name} {self.seconds[name]:.1f}\n")
 
     def end(self, name: str, *, less: dict[str, float] | None = None) -> None:
         """Ends phase `name` now (its time since the previous phase ended); the seconds in
@@ -28,6 +36,7 @@ class Phases:
             self.seconds[inner] = self.seconds.get(inner, 0.0) + seconds
             spent -= seconds
         self.seconds[name] = self.seconds.get(name, 0.0) + max(0.0, spent)
+        self._note(name)
         self._last = now
 
 

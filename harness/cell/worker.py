@@ -10,7 +10,7 @@ import os
 
 from harness.cell.phases import Phases, init_distributed
 from harness.cell.run import exception_failure, run_cell
-from harness.contract import PROTOCOL, SPAWNED_AT, cell_from_json, worker_parser
+from harness.contract import PROTOCOL, SPAWNED_AT, cell_from_json, progress_file, worker_parser
 from reports.record import Environment, Record, section
 
 
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cell is None or args.out is None:
         parser.error("--cell and --out are required")
     spawned = os.environ.get(SPAWNED_AT)
-    phases = Phases(float(spawned) if spawned else None)
+    phases = Phases(float(spawned) if spawned else None, progress=progress_file(args.out))
     cells = json.loads(args.cell)
     if args.slices:
         records = _paired(cells, args.slices, phases, args.gate_fd)

@@ -19,7 +19,13 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from harness.contract import OOM_MARKERS, PEER_MARKERS, SPAWNED_AT, WORKER_MODULE
+from harness.contract import (
+    OOM_MARKERS,
+    PEER_MARKERS,
+    SPAWNED_AT,
+    WORKER_MODULE,
+    progress_file,
+)
 from harness.system.reaper import REAPER, die_with_parent, group_alive, raise_if_signalled
 from reports.record import Failure, Record
 
@@ -75,14 +81,18 @@ class Exit:
     """The process's peak resident memory (from wait4)."""
     oom_kills: int = 0
     """OOM kills the kernel counted in this cgroup while the worker ran."""
+    progress: str = ""
+    """The phases the worker ended, as it noted them (harness.contract.progress_file)."""
 
     @classmethod
     def of(cls, code: int | None, max_rss: int | None, out: Path, err: Path,
            oom: OomWatch) -> Exit:
         """How the worker that wrote (or not) `out` and its output to `err` ended, with
         the OOM kills `oom` counted meanwhile."""
+        progress = Path(progress_file(str(out)))
         return cls(code=code, stderr=read_stderr(err), wrote_record=out.exists(),
-                   max_rss_bytes=max_rss, oom_kills=oom.kills())
+                   max_rss_bytes=max_rss, oom_kills=oom.kills(),
+                   progress=progress.read_text() if progress.exists() else "")
 
 
 def failure(reason: str, message: str, stderr: str) -> Record:
@@ -96,13 +106,26 @@ _FATAL = re.compile(r"^F\d{4} [^\]]*\] (.*)$", re.MULTILINE)
 Check failed: ...'."""
 
 
+def where_it_was(progress: str, elapsed_s: float) -> str:
+    """'; phases ended: start 1.2 s, imports 3.0 s, build 4.1 s; the next ran 591.7 s
+    without ending' from a worker's progress notes ('' without notes)."""
+    ended = [line.split() for line in progress.splitlines() if len(line.split()) == 2]
+    if not ended:
+        return "; it ended no phase (stuck starting or importing)"
+    done = sum(float(seconds) for _, seconds in ended)
+    listed = ", ".join(f"{name} {float(seconds):.1f} s" for name, seconds in ended)
+    return (f"; phases ended: {listed}; the next ran {max(0.0, elapsed_s - done):.1f} s "
+            "without ending")
+
+
 def classify(ended: Exit, timeout_s: float) -> Record | None:
     """The failure record of a worker that wrote no record (None if it wrote one)."""
     if ended.wrote_record:
         return None
     stderr, code = ended.stderr, ended.code
     if code is None:
-        return failure("timeout", f"cell exceeded its {timeout_s:.0f} s timeout", stderr)
+        return failure("timeout", f"cell exceeded its {timeout_s:.0f} s timeout"
+                       f"{where_it_was(ended.progress, timeout_s)}", stderr)
     if any(marker in stderr for marker in PEER_MARKERS):
         return failure("peer-died", "another process of this multi-process cell died "
                                      "(no heartbeats, or gloo lost it); this one stopped "

@@ -40,6 +40,7 @@ def test_failing_cells_are_recorded_and_the_grid_completes(tmp_path):
     assert by_arm["test-exit"].error.reason == "crash"
     assert "exited with code 1" in by_arm["test-exit"].error.message
     assert by_arm["test-hang"].error.reason == "timeout"
+    assert by_arm["test-hang"].error.message.startswith("cell exceeded its 5 s timeout; ")
     # The trace parse on CPU: native is one execution per step, split engine GA=1 two.
     assert by_arm["native"].trace.executions_per_step == [1, 1]
     assert by_arm["engine"].trace.executions_per_step == [2, 2]

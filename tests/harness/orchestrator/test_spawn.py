@@ -35,6 +35,12 @@ def test_a_sigkill_the_kernel_counted_as_an_oom_kill_is_oom():
     assert reason(code=-signal.SIGKILL).reason == "killed"
     assert reason(code=1, stderr="jaxlib...RESOURCE_EXHAUSTED: ...").reason == "oom"
     assert reason(code=None).reason == "timeout"
+    # a timed-out cell says where it was, from the phases its worker noted as they ended
+    assert reason(code=None).message == ("cell exceeded its 60 s timeout; it ended no phase "
+                                         "(stuck starting or importing)")
+    assert reason(code=None, progress="start 0.5\nimports 3.0\nbuild 4.5\n").message == (
+        "cell exceeded its 60 s timeout; phases ended: start 0.5 s, imports 3.0 s, build "
+        "4.5 s; the next ran 52.0 s without ending")
     assert reason(code=-signal.SIGSEGV).reason == "crash"
     assert classify(Exit(code=0, stderr="", wrote_record=True), 60) is None
 
