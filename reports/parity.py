@@ -40,8 +40,7 @@ floors). Doing other work moves the gradient by more than the dtype's whole roun
 a mean of micro-batch means on ragged batches is off by 1e-1 to 1e0."""
 
 
-TOLERANCE_RULE = (f"PASS <= {GRAD_TOLERANCE:g} in float32, <= the bfloat16 floor (the "
-                  "reference's own distance from float32) in bfloat16")
+TOLERANCE_RULE = f"PASS <= {GRAD_TOLERANCE:g}; bfloat16: <= its floor"
 """The rule `tolerance` applies, for a table's header."""
 
 
