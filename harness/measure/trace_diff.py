@@ -4,7 +4,9 @@ compute, collectives, copies and idle.
 
 A capture's steps are its step annotations (one window where it has none). An op belongs to
 the step its start falls in (harness.measure.trace.parse_steps does the same), and its time
-is its interval's length (copies included: a copy's time is device time too). A device is
+is its interval's length (copies included: a copy's time is device time too). Control flow
+(a while, conditional or call) is left out: its event encloses its body's ops, which are
+counted themselves. A device is
 matched across the sides by its plane name, an op by its HLO op name, so two captures of one
 program line up op by op; two programs (two arms) line up by category.
 
@@ -58,7 +60,7 @@ def read_side(path: str, label: str) -> Side:
     for op in capture.ops:
         by_device[op.device].append(op)
         index = _window(op.start, windows, starts)
-        if index is None:
+        if index is None or op_category(op) == categories.CONTROL:
             continue
         ms = (op.end - op.start) / 1e6
         ops[(op.device, op.name)][index] += ms

@@ -54,6 +54,9 @@ _OPCODE_OF_NAME = re.compile(r"^%?([a-z][a-z-]*?)(?:[.-]\d+)*$")
 _NUMBER = re.compile(r"(?:[.-]\d+)+$")
 _NAMED_FUSION = re.compile(r"^([a-z0-9_]+)_fusion$")
 _WRAPPED = "wrapped_"
+_TRACED_AS = {"cond": "conditional"}
+"""Names JAX gives the instructions of its control flow (lax.cond's `cond.3`), and the
+opcode they stand for."""
 _FUSION_KINDS = {"loop", "input", "output", "custom"}
 
 
@@ -130,7 +133,7 @@ def category_of_name(name: str, module: Module | None = None) -> str:
         if words[0] in _FUSION_KINDS or len(words) == 1:  # a kind, or a library's fusion
             return f"fusion: {words[0]}"
         return "fusion: unknown kind"
-    opcode = found.group(1)
+    opcode = _TRACED_AS.get(found.group(1), found.group(1))
     stub = Instruction(name=name, shape="", opcode=opcode, operands=(), arguments="",
                        attributes="", root=False)
     return category(stub)

@@ -81,8 +81,10 @@ def test_every_instruction_of_a_program_has_exactly_one_named_category():
     # XLA:CPU's fusion of a single instruction is that instruction
     ("wrapped_copy.3", categories.COPY),
     ("wrapped_scatter", "other: scatter"),
+    # JAX's name for a conditional (lax.cond)
+    ("cond.102", categories.CONTROL),
     # an unknown name less its number, so its runs share one category
-    ("cond.102", "other: cond"),
+    ("rng-bit-generator.4", "other: rng-bit-generator"),
 ])
 def test_a_trace_op_is_named_by_the_opcode_its_name_begins_with(name, expected):
     assert categories.category_of_name(name) == expected
