@@ -130,3 +130,18 @@ def test_a_capture_without_ops_is_refused(tmp_path):
         pass
     with pytest.raises(ValueError, match="holds no device op"):
         trace_diff.read_side(trace.find_xplane(logdir), "empty")
+
+
+def test_control_flow_is_not_counted_over_its_body(tmp_path):
+    x = jnp.ones((N, N), jnp.float32)
+    run = jax.jit(lambda x: jax.lax.fori_loop(0, 3, lambda i, y: jnp.tanh(y @ x), x))
+    jax.block_until_ready(run(x))
+    with (trace.capture(str(tmp_path)) as logdir,
+          jax.profiler.StepTraceAnnotation(STEP_ANNOTATION, step_num=0)):
+        jax.block_until_ready(run(x))
+    path = trace.find_xplane(logdir)
+    raw = xplane.read(path).ops
+    assert any(trace_diff.op_category(op) == "control flow" for op in raw)  # the test bites
+    side = trace_diff.read_side(path, "loop")
+    assert "control flow" not in {category for _, category in side.categories}
+    assert sum(side.categories[(xplane.HOST, "fusion: ynn")]) > 0  # the body's matmuls
