@@ -206,7 +206,7 @@ def explain_traces(a: Path, b: Path, arm: str | None) -> trace_diff.TraceExplana
         xplane_path, label = capture_of(path, arm)
         try:
             sides.append(trace_diff.read_side(xplane_path, label))
-        except ValueError:
+        except ValueError:  # already one line naming the fix
             raise
         except Exception as err:  # not an XSpace protobuf: one line, not a traceback
             raise ValueError(f"{xplane_path}: cannot read it as a profiler capture "
@@ -253,11 +253,12 @@ def what_changed(rows, *, cost_threshold: float = 0.0, top: int = TOP) -> str:
     for row in rows:
         if not regressions([row], cost_threshold=cost_threshold):
             continue
-        found = ""
-        if row.old and row.new and row.old.ok and row.new.ok:
-            found = cell_change(row.old.ok, row.new.ok, top)
-        blocks.append(f"### What changed: {row.name}\n\n" + (
-            found or "Neither a compiled step by category nor two traced windows on both "
-            "sides: run the cell with --trace (or plan it) on both to see which operations "
-            "moved.\n"))
+        if not (row.old and row.old.ok and row.new and row.new.ok):
+            found = "One side has no finished run to compare (its failure is above).\n"
+        else:
+            found = cell_change(row.old.ok, row.new.ok, top) or (
+                "Neither a compiled step by category nor two traced windows on both sides: "
+                "run the cell with --trace (or plan it) on both to see which operations "
+                "moved.\n")
+        blocks.append(f"### What changed: {row.name}\n\n{found}")
     return "\n".join(blocks)
