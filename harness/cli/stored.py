@@ -98,16 +98,14 @@ class Explain(Command):
 
         if args.top is not None and args.top < 1:
             raise ValueError(f"--top {args.top}: give at least 1")
-        kinds = {explain.which(path, args.arm) for path in (args.a, args.b)}
-        if args.trace or kinds == {explain.TRACE}:
-            found = explain.explain_traces(args.a, args.b, args.arm)
+        sides = [(path, explain.records_at(path)) for path in (args.a, args.b)]
+        if args.trace or {explain.which(records, args.arm) for _, records in sides} == {
+                explain.TRACE}:
+            found = explain.explain_traces(sides, args.arm)
             print(json.dumps(trace_diff.to_json(found, args.top), indent=1) if args.json
                   else trace_diff.markdown(found, args.top))
             return 0
-        from reports.record import read_dir
-
-        a = explain.pick(read_dir(args.a), str(args.a), args.arm)
-        b = explain.pick(read_dir(args.b), str(args.b), args.arm)
+        a, b = (explain.pick(records, str(path), args.arm) for path, records in sides)
         found = explain.explain(a, b)
         print(json.dumps(explain.to_json(found, args.top), indent=1) if args.json
               else explain.markdown(found, args.top))

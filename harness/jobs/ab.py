@@ -16,6 +16,7 @@ from pathlib import Path
 
 from harness.contract import LOCKSTEP, PROCESSES
 from harness.grid import options as grid_options
+from harness.jobs.explain import what_changed
 from harness.jobs.grid import Grid, Request, Watch, quiet, traced
 from harness.orchestrator.executors import CellProcesses
 from harness.orchestrator.lockstep import LockstepPairs
@@ -140,8 +141,6 @@ def markdown(ref_a: str, ref_b: str, result: ABResult, rounds: int,
     head = [f"## A/B: {ref_a} (A, {result.shas['A'][:10]}) vs {ref_b} "
             f"(B, {result.shas['B'][:10]})", "",
             f"{rounds} interleaved rounds, each cell in its own process, {how}", ""]
-    from harness.jobs.explain import what_changed
-
     table = compare_markdown(result.rows, old_label="A", new_label="B", min_effect=min_effect)
     changed = what_changed(result.rows)
     return "\n".join(head) + table + (f"\n{changed}" if changed else "")

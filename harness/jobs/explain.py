@@ -18,7 +18,8 @@ import dataclasses
 from pathlib import Path
 
 from harness.measure import trace, trace_diff
-from harness.xla.categories import Totals, by_category
+from harness.xla import categories
+from harness.xla.categories import Totals
 from reports.record import Record, cell_name, read_dir
 
 FIGURES = ("count", "flops", "hbm_bytes", "collective_bytes")
@@ -66,19 +67,18 @@ def per_step(record: Record) -> dict[str, Totals]:
     if plan is None or not plan.hlo_dir:
         raise ValueError(f"{where}: the record carries no step by category (made before "
                          "parity recorded one); plan or run the cell again")
-    found: dict[str, Totals] = {}
+    texts = {}
     for name, executable in plan.executables.items():
-        if not executable.calls_per_step:
-            continue
         path = Path(plan.hlo_dir) / f"{name}.hlo.txt"
-        if not path.is_file():
+        if executable.calls_per_step and not path.is_file():
             raise ValueError(f"{where}: {path} is missing; plan it again with --save-hlo")
-        for category, totals in by_category(path.read_text()).items():
-            into = found.setdefault(category, Totals())
-            for figure in FIGURES:
-                setattr(into, figure, getattr(into, figure)
-                        + executable.calls_per_step * getattr(totals, figure))
-    return found
+        if executable.calls_per_step:
+            texts[name] = path.read_text()
+    calls = {name: e.calls_per_step for name, e in plan.executables.items()}
+    found = categories.per_step(texts, calls)
+    if not found:
+        raise ValueError(f"{where}: its kept HLO cannot be counted by category")
+    return {category: Totals(**figures) for category, figures in found.items()}
 
 
 def explain(a: Record, b: Record) -> Explanation:
@@ -100,11 +100,13 @@ def _programs(records: list[Record], arm: str | None) -> list[Record]:
             and (r.plan is not None or (r.cost is not None and r.cost.categories_per_step))]
 
 
-def pick(records: list[Record], where: str, arm: str | None) -> Record:
+def pick(records: list[Record] | None, where: str, arm: str | None) -> Record:
     """The record of the one cell in `records` (of `arm` when given) whose step can be
     split by category: its plan, else its compiled cost (rounds of one cell compile the
     same program: the first is taken). ValueError naming the candidates where there is no
-    such cell or more than one."""
+    such cell or more than one, or where `where` is a capture (`records` None)."""
+    if records is None:
+        raise ValueError(f"{where}: a capture, not results; explain it with another capture")
     found = _programs(records, arm)
     cells = sorted({cell_name(r.arm, r.spec) for r in found})
     if len(cells) != 1:
@@ -166,52 +168,62 @@ def to_json(found: Explanation, top: int | None = None) -> dict:
 PLAN, TRACE = "plan", "trace"
 
 
-def capture_of(path: Path, arm: str | None) -> tuple[str, str]:
-    """(the .xplane.pb, a label) of side `path`: a capture file, a capture's logdir, or
-    results holding one traced record (of `arm` when given). ValueError naming the fix."""
+def records_at(path: Path) -> list[Record] | None:
+    """The records of side `path`, or None where it is a capture (an .xplane.pb, or a
+    directory holding no results)."""
     if path.is_file() and path.name.endswith(".xplane.pb"):
-        return str(path), str(path)
+        return None
     if path.is_dir() and not any(path.rglob("*.jsonl")):
+        return None
+    return read_dir(path)
+
+
+def capture_of(path: Path, records: list[Record] | None, arm: str | None) -> tuple[str, str]:
+    """(the .xplane.pb, a label) of side `path` (its `records_at`): a capture file, a
+    capture's logdir, or results holding one traced record (of `arm` when given).
+    ValueError naming the fix."""
+    if records is None:
+        if path.is_file():
+            return str(path), str(path)
         try:
             return trace.find_xplane(str(path)), str(path)
         except FileNotFoundError:
             raise ValueError(f"{path}: no results (*.jsonl) and no .xplane.pb below it") from None
-    records = [r for r in read_dir(path) if r.ok and r.trace is not None
-               and (arm is None or r.arm == arm)]
-    if len(records) != 1:
-        names = ", ".join(sorted(cell_name(r.arm, r.spec) for r in records)) or "none"
-        raise ValueError(f"{path}: {len(records)} traced records{f' of arm {arm}' if arm else ''}"
+    traced = [r for r in records if r.ok and r.trace is not None
+              and (arm is None or r.arm == arm)]
+    if len(traced) != 1:
+        names = ", ".join(sorted(cell_name(r.arm, r.spec) for r in traced)) or "none"
+        raise ValueError(f"{path}: {len(traced)} traced records{f' of arm {arm}' if arm else ''}"
                          f" ({names}); give --arm, or results of one cell run with --trace")
-    record = records[0]
+    record = traced[0]
     if not Path(record.trace.xplane).is_file():
         raise ValueError(f"{path}: its capture {record.trace.xplane} is gone; run the cell "
                          "again with --trace")
     return record.trace.xplane, f"{cell_name(record.arm, record.spec)} ({record.run_id})"
 
 
-def which(path: Path, arm: str | None) -> str:
-    """PLAN where `path` holds a record whose step splits by category (a plan, or a run's
-    compiled cost; of `arm` when given), else TRACE (captures and traced results)."""
-    if path.is_file() and path.name.endswith(".xplane.pb"):
-        return TRACE
-    if path.is_dir() and not any(path.rglob("*.jsonl")):
-        return TRACE
-    return PLAN if _programs(read_dir(path), arm) else TRACE
+def which(records: list[Record] | None, arm: str | None) -> str:
+    """PLAN where a side's `records_at` hold a record whose step splits by category (a
+    plan, or a run's compiled cost; of `arm` when given), else TRACE (captures and traced
+    results)."""
+    return PLAN if records is not None and _programs(records, arm) else TRACE
 
 
-def explain_traces(a: Path, b: Path, arm: str | None) -> trace_diff.TraceExplanation:
-    """Two captures of one cell, explained (trace_diff)."""
-    sides = []
-    for path in (a, b):
-        xplane_path, label = capture_of(path, arm)
+def explain_traces(sides: list[tuple[Path, list[Record] | None]], arm: str | None
+                   ) -> trace_diff.TraceExplanation:
+    """Two captures of one cell, explained (trace_diff); `sides` are (path, its
+    `records_at`)."""
+    read = []
+    for path, records in sides:
+        xplane_path, label = capture_of(path, records, arm)
         try:
-            sides.append(trace_diff.read_side(xplane_path, label))
+            read.append(trace_diff.read_side(xplane_path, label))
         except ValueError:  # already one line naming the fix
             raise
         except Exception as err:  # not an XSpace protobuf: one line, not a traceback
             raise ValueError(f"{xplane_path}: cannot read it as a profiler capture "
                              f"({type(err).__name__}: {err})") from None
-    return trace_diff.explain(*sides)
+    return trace_diff.explain(*read)
 
 
 TOP = 5

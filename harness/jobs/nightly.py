@@ -11,6 +11,7 @@ from pathlib import Path
 from harness.grid import suites
 from harness.jobs import plan as plan_job
 from harness.jobs import run as run_job
+from harness.jobs.explain import cell_change
 from harness.jobs.grid import Request, Watch, check, quiet
 from harness.store import results
 from harness.store.layout import OutDir
@@ -81,8 +82,6 @@ def published_text(done: site.Published) -> str:
 def _what_changed(row) -> str:
     """A regressed cell's movers against the latest comparable run of its history
     (harness.jobs.explain.cell_change), or ''."""
-    from harness.jobs.explain import cell_change
-
     if not row.history or not row.cell.ok:
         return ""
     latest = [r for r in row.history if r.run_id == row.history[-1].run_id and r.ok]

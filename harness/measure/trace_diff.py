@@ -53,18 +53,18 @@ def read_side(path: str, label: str) -> Side:
         raise ValueError(f"{path}: the capture holds no device op; trace a cell that ran")
     windows = [(begin, end) for _, begin, end in capture.steps] or [
         (min(op.start for op in capture.ops), max(op.end for op in capture.ops))]
-    starts = [begin for begin, _ in windows]
     ops: dict = defaultdict(lambda: [0.0] * len(windows))
     cats: dict = defaultdict(lambda: [0.0] * len(windows))
     by_device: dict[str, list[xplane.Op]] = defaultdict(list)
     for op in capture.ops:
         by_device[op.device].append(op)
-        index = _window(op.start, windows, starts)
-        if index is None or op_category(op) == categories.CONTROL:
+        index = _window(op.start, windows)
+        category = op_category(op)
+        if index is None or category == categories.CONTROL:
             continue
         ms = (op.end - op.start) / 1e6
         ops[(op.device, op.name)][index] += ms
-        cats[(op.device, op_category(op))][index] += ms
+        cats[(op.device, category)][index] += ms
     breakdown = {}
     for device, mine in by_device.items():
         parts = [xplane.breakdown_ns(mine, begin, end) for begin, end in windows]
@@ -75,12 +75,9 @@ def read_side(path: str, label: str) -> Side:
                 breakdown=breakdown)
 
 
-def _window(start: float, windows: list, starts: list) -> int | None:
-    for index in range(len(starts)):
-        begin, end = windows[index]
-        if begin <= start <= end:
-            return index
-    return None
+def _window(start: float, windows: list[tuple[float, float]]) -> int | None:
+    """The index of the first window [begin, end] holding `start` (None: none does)."""
+    return next((i for i, (begin, end) in enumerate(windows) if begin <= start <= end), None)
 
 
 @dataclasses.dataclass(frozen=True)
