@@ -93,4 +93,13 @@ def run(request: Request, options: dict, *, processes: int = 1, run_id: str | No
         if pairing == IN_PROCESS:
             return run_paired(grid, slices, on_start=on_start, on_record=on_record)
         return run_cells(grid, distributed=distributed, alongside=alongside,
-                         on_start=on_start, on_record=on_record)
+                         prefork=prefork_on(grid.environment), on_start=on_start,
+                         on_record=on_record)
+
+
+def prefork_on(environment: dict) -> bool:
+    """Whether cells start as forks of their arm's zygote: on the CPU backend only. There
+    the zygote saves each process its imports (a third of a small cell's process); on an
+    accelerator a cell's compiles dwarf those seconds, and a fork of a process that has
+    loaded the accelerator plugin's libraries is a risk those seconds do not repay."""
+    return environment.get("backend") == "cpu"
