@@ -26,11 +26,13 @@ from engine.model import (
 )
 
 
-def native_step(graph, loss_fn, tx, clip, params, rest, opt_state, batches):
+def native_step(graph, loss_fn, tx, clip, params, rest, opt_state, batches, *,
+                skip_nonfinite: bool = True):
     """(params, rest, opt_state, loss) after one optimizer step over `batches`.
 
     One micro-batch is differentiated directly; several are stacked and scanned, gradients
-    summed in float32 in the carry.
+    summed in float32 in the carry. With `skip_nonfinite`, a step whose loss is not finite
+    leaves the state as it was.
     """
 
     def micro_step(carry, batch):
@@ -68,13 +70,20 @@ def native_step(graph, loss_fn, tx, clip, params, rest, opt_state, batches):
     # A step whose loss is not finite is skipped, as our engine does (PeftTrainer does not).
     # The skip keeps the old state until the loss is known, so at GA=1 the raw gradient
     # needs a param-sized buffer of its own before the update writes in place.
-    params, opt_state = jax.lax.cond(jnp.isfinite(loss_sum), update, lambda p, o: (p, o),
-                                     params, opt_state)
+    if skip_nonfinite:
+        params, opt_state = jax.lax.cond(jnp.isfinite(loss_sum), update, lambda p, o: (p, o),
+                                         params, opt_state)
+    else:
+        params, opt_state = update(params, opt_state)
     return params, rest, opt_state, loss_sum * scale
 
 
 class NativeArm(Arm):
     trainer = "native"
+    donate_argnums: tuple[int, ...] = (0, 2)
+    """The step's arguments whose buffers it may overwrite: params and optimizer state."""
+    skip_nonfinite: bool = True
+    """Skip a step whose loss is not finite (native_step)."""
 
     def _lower(self, model, start_state) -> tuple[jax.stages.Lowered, tuple]:
         """(lowered step, (params, rest, opt_state)) for `model`, real or abstract;
@@ -93,9 +102,10 @@ class NativeArm(Arm):
         scalar = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
 
         def step(params, rest, opt_state, batches):
-            return native_step(graph, loss_fn, tx, clip, params, rest, opt_state, batches)
+            return native_step(graph, loss_fn, tx, clip, params, rest, opt_state, batches,
+                               skip_nonfinite=self.skip_nonfinite)
 
-        jitted = jax.jit(step, donate_argnums=(0, 2),
+        jitted = jax.jit(step, donate_argnums=self.donate_argnums,
                          in_shardings=(param_sh, rest_sh, opt_sh,
                                        (jax.tree.map(lambda _: batch_sh, example),) * spec.ga),
                          out_shardings=(param_sh, rest_sh, opt_sh, scalar))

@@ -18,9 +18,11 @@ The plan cache. A compile for a TPU topology is deterministic in what it is give
 lowered program (its StableHLO text, which holds its shardings and donations), the compiler
 options, the target and the versions of libtpu, jax and jaxlib (and XLA_FLAGS and
 LIBTPU_INIT_ARGS, which change what XLA does). Keyed by those, what the planner reads of a
-compiled executable (its memory analysis and optimized HLO text) is stored once and read
+compiled executable (its memory analysis, optimized HLO text, and the rows of what holds
+its peak read from XLA's buffer-assignment dump, harness.xla.peak) is stored once and read
 back by any later plan of the same program: a nightly that plans unchanged arms, or an arm
-re-planned after a change elsewhere. The record says which executables came from the cache
+re-planned after a change elsewhere. An entry whose rows were read by another version of
+that reader is compiled again. The record says which executables came from the cache
 (their compile_s is 0). JAX's own persistent cache cannot serve this: it cannot load a
 compile-only executable back.
 """
@@ -34,11 +36,13 @@ import json
 import math
 import os
 import resource
+import tempfile
 import time
 from pathlib import Path
 
 import jax
 
+from harness.xla import peak
 from reports.record import ExecutablePlan, Plan, Record
 
 MEMORY = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
@@ -55,6 +59,10 @@ class CompiledPlan:
     """The optimized HLO text (`Compiled.as_text()`)."""
     compile_s: float
     cached: bool
+    peak: list[dict] | None = None
+    """The buffers live at its peak, grouped (harness.xla.peak.Group as dicts)."""
+    peak_unavailable: str | None = None
+    """Why `peak` is None."""
 
 
 def cache_key(lowered: jax.stages.Lowered, options: dict | None, target: dict) -> str:
@@ -81,21 +89,39 @@ def compile_for_plan(lowered: jax.stages.Lowered, options: dict | None, target: 
     path = cache / f"{cache_key(lowered, options, target)}.json.gz" if cache else None
     if path is not None and path.exists():
         stored = json.loads(gzip.decompress(path.read_bytes()))
-        return CompiledPlan(memory=stored["memory"], text=stored["text"], compile_s=0.0,
-                            cached=True)
-    start = time.perf_counter()
-    compiled = compile_plan(lowered, options)
-    seconds = time.perf_counter() - start
-    analysis = compiled.memory_analysis()
-    found = CompiledPlan(memory={k: int(getattr(analysis, k)) for k in MEMORY},
-                         text=compiled.as_text(), compile_s=seconds, cached=False)
+        if stored.get("peak_version") == peak.VERSION:  # else compiled again, read anew
+            return CompiledPlan(memory=stored["memory"], text=stored["text"], compile_s=0.0,
+                                cached=True, peak=stored["peak"],
+                                peak_unavailable=stored.get("peak_unavailable"))
+    with tempfile.TemporaryDirectory(prefix="parity-dump-") as dump:
+        start = time.perf_counter()
+        compiled = compile_plan(lowered, {**(options or {}), **peak.dump_options(dump)})
+        seconds = time.perf_counter() - start
+        analysis = compiled.memory_analysis()
+        text = compiled.as_text()
+        memory = {k: int(getattr(analysis, k)) for k in MEMORY}
+        held, why = _peak_holders(dump, text, memory)
+    found = CompiledPlan(memory=memory, text=text, compile_s=seconds, cached=False,
+                         peak=held, peak_unavailable=why)
     if path is not None:  # whole, by rename: a concurrent reader sees it or nothing
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.partial")
         partial.write_bytes(gzip.compress(json.dumps(
-            {"memory": found.memory, "text": found.text}).encode(), compresslevel=3))
+            {"memory": found.memory, "text": found.text, "peak": found.peak,
+             "peak_unavailable": found.peak_unavailable, "peak_version": peak.VERSION}
+        ).encode(), compresslevel=3))
         partial.replace(path)
     return found
+
+
+def _peak_holders(dump: str, text: str,
+                  memory: dict[str, int]) -> tuple[list[dict] | None, str | None]:
+    """(the planned total's rows, None) from XLA's dump under `dump` (harness.xla.peak),
+    or (None, why)."""
+    try:
+        return [dataclasses.asdict(g) for g in peak.from_dump(dump, text, memory)], None
+    except (peak.Unavailable, OSError) as err:
+        return None, str(err)
 
 
 def bytes_per_device(tree) -> int:
@@ -126,7 +152,8 @@ def executable_plan(compiled: CompiledPlan, calls: int, held_bytes: int) -> Exec
         hbm_bytes=counted and counted.hbm_bytes, flops=counted and counted.flops,
         collective_bytes=counted and dict(counted.collective_bytes),
         trip_counts=counted.trip_counts if counted else [], unavailable=why,
-        compile_s=compiled.compile_s, cached=compiled.cached)
+        compile_s=compiled.compile_s, cached=compiled.cached,
+        peak_buffers=compiled.peak or [], peak_unavailable=compiled.peak_unavailable)
 
 
 def _per_step(executables: dict[str, ExecutablePlan], read) -> float | None:

@@ -10,6 +10,10 @@ change of the program, not noise.
 
 Two captures (`parity run --trace`, or any capture `parity trace` reads) are explained by
 harness.measure.trace_diff: per device, per op and category, device time per traced step.
+
+Two plans are also explained by what holds each one's planned peak (reports.peak): the
+buffers of XLA's buffer assignment at the peak executable, matched by defining operation
+and shape, their changes summing to the planned peak's change to the byte.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 from harness.measure import trace, trace_diff
 from harness.xla import categories
 from harness.xla.categories import Totals
+from reports import peak as peak_change
 from reports.record import Record, cell_name, read_dir
 
 FIGURES = ("count", "flops", "hbm_bytes", "collective_bytes")
@@ -51,6 +56,10 @@ class Explanation:
     """Every category of either side, the largest mover first."""
     only_a: list[str]
     only_b: list[str]
+    peak: peak_change.PeakChange | None = None
+    """What holds each side's planned peak, matched (plans only)."""
+    peak_unavailable: str | None = None
+    """Why `peak` is None where both sides are plans."""
 
 
 def per_step(record: Record) -> dict[str, Totals]:
@@ -87,10 +96,16 @@ def explain(a: Record, b: Record) -> Explanation:
     names = list(dict.fromkeys([*sides[0], *sides[1]]))
     rows = [Row(c, sides[0].get(c, Totals()), sides[1].get(c, Totals())) for c in names]
     rows.sort(key=lambda row: -row.moved)
+    held, why = None, None
+    if a.plan is not None and b.plan is not None:
+        try:
+            held = peak_change.compare(a.plan, b.plan)
+        except ValueError as err:
+            why = str(err)
     return Explanation(
         a=f"{cell_name(a.arm, a.spec)} ({a.run_id})", b=f"{cell_name(b.arm, b.spec)} ({b.run_id})",
         rows=rows, only_a=[c for c in names if c not in sides[1]],
-        only_b=[c for c in names if c not in sides[0]])
+        only_b=[c for c in names if c not in sides[0]], peak=held, peak_unavailable=why)
 
 
 def _programs(records: list[Record], arm: str | None) -> list[Record]:
@@ -156,13 +171,19 @@ def markdown(found: Explanation, top: int | None = None) -> str:
     for label, names in (("A", found.only_a), ("B", found.only_b)):
         if names:
             lines.append(f"\nOnly in {label}: {', '.join(names)}.")
+    if found.peak is not None:
+        lines += ["", peak_change.markdown(found.peak, top).rstrip("\n")]
+    elif found.peak_unavailable:
+        lines += ["", f"What holds the planned peak: not known ({found.peak_unavailable})."]
     return "\n".join(lines) + "\n"
 
 
 def to_json(found: Explanation, top: int | None = None) -> dict:
     return {"a": found.a, "b": found.b, "only_a": found.only_a, "only_b": found.only_b,
             "rows": [{"category": r.category, "a": dataclasses.asdict(r.a),
-                      "b": dataclasses.asdict(r.b)} for r in found.rows[:top]]}
+                      "b": dataclasses.asdict(r.b)} for r in found.rows[:top]],
+            "peak": peak_change.to_json(found.peak, top) if found.peak else None,
+            "peak_unavailable": found.peak_unavailable}
 
 
 PLAN, TRACE = "plan", "trace"

@@ -41,6 +41,13 @@ class ExecutablePlan:
     cached: bool = False
     """Read back from the plan cache: the same program, compiler and target planned
     before (harness.cell.plan)."""
+    peak_buffers: list[dict] = dataclasses.field(default_factory=list)
+    """The buffers XLA's buffer assignment has live at the executable's peak, grouped by
+    defining category and shape, the largest first: {defined_by, shape, count, bytes}
+    (harness.xla.peak). Their bytes sum to XLA's own live peak; the planned total
+    (argument + output + temp - alias) is that or more."""
+    peak_unavailable: str | None = None
+    """Why `peak_buffers` is empty (no live-range dump, or its two counts disagreed)."""
 
 
 @_section

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from reports.record import read_dir
+from tests.harness.cell.planted import PLANT
 from tests.harness.cli.test_cli_plan import REPO, plan
 
 SHAPE = ["--arms", "native", "--preset", "tiny-untied", "--seq", "16", "--batch", "16",
@@ -20,16 +21,31 @@ def _explain(*args) -> subprocess.CompletedProcess:
                           cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
+def _planned(out, plant: str | None = None):
+    extra = ("--plugin", "tests.harness.cell.planted") if plant else ()
+    env = {PLANT: plant} if plant else {}
+    proc = plan(*extra, *SHAPE, "--out", str(out), env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
     """`native` planned as it is, and with its gradients replicated (both with --save-hlo)."""
-    sides = []
-    for name, extra in (("real", ()), ("planted", ("--plugin", "tests.harness.cell.planted"))):
-        out = tmp_path_factory.mktemp(name)
-        proc = plan(*extra, *SHAPE, "--out", str(out))
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        sides.append(out)
-    return sides
+    return [_planned(tmp_path_factory.mktemp("real")),
+            _planned(tmp_path_factory.mktemp("planted"), "replicate-gradients")]
+
+
+def _peak_rows_sum_to_the_planned_peaks(found: dict, a, b) -> dict:
+    """The peak section of an explanation, its rows checked against the two plans."""
+    held = found["peak"]
+    assert held is not None, found["peak_unavailable"]
+    assert (held["a_peak"], held["b_peak"]) == (a.plan.planned_peak_bytes,
+                                                b.plan.planned_peak_bytes)
+    assert sum(r["change"] for r in held["rows"]) == held["change"]  # to the byte
+    assert sum(r["a_bytes"] for r in held["rows"]) == a.plan.planned_peak_bytes
+    assert sum(r["b_bytes"] for r in held["rows"]) == b.plan.planned_peak_bytes
+    return held
 
 
 def test_the_planted_change_is_the_first_mover_and_the_rows_sum_to_the_plans(planned):
@@ -55,9 +71,11 @@ def test_the_planted_change_is_the_first_mover_and_the_rows_sum_to_the_plans(pla
     assert reduced["b"]["collective_bytes"] - reduced["a"]["collective_bytes"] == (
         b.plan.collective_bytes_per_step["all-reduce"]
         - a.plan.collective_bytes_per_step["all-reduce"]) > 0
+    _peak_rows_sum_to_the_planned_peaks(found, a, b)
     table = _explain(real, planted, "--top", "3")
     assert table.returncode == 0, table.stderr
-    lines = [line for line in table.stdout.splitlines() if line.startswith("| ")][1:]
+    lines = [line for line in table.stdout.split("What holds")[0].splitlines()
+             if line.startswith("| ")][1:]
     assert len(lines) == 3 and lines[0].startswith("| collective: all-reduce |")
     assert "Only in A: collective: reduce-scatter." in table.stdout
 
@@ -67,6 +85,53 @@ def test_a_plan_against_itself_changes_nothing(planned):
     found = json.loads(_explain(real, real, "--json").stdout)
     assert found["only_a"] == found["only_b"] == []
     assert all(r["a"] == r["b"] for r in found["rows"])
+    assert found["peak"]["change"] == 0 and found["peak"]["rows"]
+    assert all(r["change"] == 0 for r in found["peak"]["rows"])
+
+
+def test_params_not_donated_are_new_outputs_of_exactly_the_params_bytes(planned, tmp_path):
+    """PeftTrainer's way (the step's new params in buffers of their own): the outputs
+    beyond the donated ones grow by exactly the bytes no longer aliased to an argument (the
+    params as one device holds them, tile padding included), each a param's shape."""
+    real, _ = planned
+    kept = _planned(tmp_path, "no-donate")
+    found = json.loads(_explain(real, kept, "--json").stdout)
+    (a,), (b,) = read_dir(real), read_dir(kept)
+    held = _peak_rows_sum_to_the_planned_peaks(found, a, b)
+    outputs = [r for r in held["rows"] if r["section"] == "output" and r["change"]]
+    unaliased = a.plan.executables["step"].alias - b.plan.executables["step"].alias
+    assert sum(r["change"] for r in outputs) == unaliased > 0
+    arguments = {r["shape"] for r in held["rows"] if r["section"] == "argument"}
+    assert outputs and {r["shape"] for r in outputs} <= arguments
+    assert held["rows"][0]["section"] == "output" and held["rows"][0]["change"] > 0
+
+
+def _largest_param_bytes() -> int:
+    import math
+
+    import jax
+    from flax import nnx
+
+    from engine.model.config import get_preset
+    from engine.model.decoder import Decoder
+
+    config = get_preset("tiny-untied", scan_layers=True, remat="full")
+    params = nnx.state(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0))), nnx.Param)
+    return max(math.prod(p.shape) * p.dtype.itemsize for p in jax.tree.leaves(params))
+
+
+def test_an_extra_all_gather_of_a_param_is_the_first_mover(planned, tmp_path):
+    real, _ = planned
+    gathered = _planned(tmp_path, "gather")
+    found = json.loads(_explain(real, gathered, "--json").stdout)
+    (a,), (b,) = read_dir(real), read_dir(gathered)
+    first = found["rows"][0]
+    assert first["category"] == "collective: all-gather"
+    assert first["b"]["count"] - first["a"]["count"] == 1
+    # the largest param gathered whole: each of the 8 devices receives the 7 shards it lacks
+    moved = first["b"]["collective_bytes"] - first["a"]["collective_bytes"]
+    assert moved == _largest_param_bytes() * 7 / 8
+    _peak_rows_sum_to_the_planned_peaks(found, a, b)
 
 
 def test_the_step_by_category_a_plan_carries_is_the_one_its_kept_hlo_gives(planned):
@@ -92,3 +157,18 @@ def test_a_record_without_its_step_by_category_is_refused_naming_the_fix(planned
     proc = _explain(real, bare)
     assert proc.returncode == 2
     assert "carries no step by category" in proc.stderr
+
+
+def test_a_split_step_peak_counts_the_state_it_holds_outside(planned, tmp_path):
+    """`engine` against `native` at one shape: the engine's peak executable (fwd_bwd) runs
+    while the optimizer moments stay in HBM outside it; that held state is a row of its
+    own, so the rows still sum to each side's planned peak."""
+    real, _ = planned
+    proc = plan(*SHAPE, "--arms", "engine", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(_explain(real, tmp_path, "--json").stdout)
+    (a,), (b,) = read_dir(real), read_dir(tmp_path)
+    held = _peak_rows_sum_to_the_planned_peaks(found, a, b)
+    (state,) = [r for r in held["rows"] if r["section"] == "held"]
+    engine = b.plan.executables[b.plan.peak_executable]
+    assert state["a_bytes"] == 0 and state["b_bytes"] == engine.held_bytes > 0
