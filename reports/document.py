@@ -4,6 +4,7 @@ environment, with PNGs linked beside the markdown or embedded in it."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import tempfile
 from pathlib import Path
 
@@ -95,8 +96,29 @@ def _baseline(df: pd.DataFrame, requested: str | None) -> tuple[str, str]:
     return arm, f"{how}; `--baseline-arm` overrides"
 
 
+@dataclasses.dataclass(frozen=True)
+class Against:
+    """The report's results compared with a baseline run's (`parity report --baseline`)."""
+
+    label: str
+    """The baseline, as people name it (its path)."""
+    comparison: str
+    """reports.compare.markdown of the two sets of results."""
+    changed: list[tuple[str, str]]
+    """(cell, what changed there) for every cell the comparison calls a regression."""
+
+
+def _against(found: Against) -> str:
+    parts = [f"## Against the baseline ({found.label})", found.comparison]
+    if not found.changed:
+        parts.append("No cell regressed against the baseline.")
+    parts += [details(f"What changed: {name}", text) for name, text in found.changed]
+    return "\n\n".join(parts)
+
+
 def render(results: str | Path, output: str | Path, *, baseline_arm: str | None = None,
-           embed_images: bool = False, title: str = "Parity report") -> str:
+           embed_images: bool = False, title: str = "Parity report",
+           against: Against | None = None) -> str:
     """Writes the markdown document `output` and returns it.
 
     `baseline_arm`: the arm speedups and memory ratios are taken against; None picks the
@@ -106,7 +128,9 @@ def render(results: str | Path, output: str | Path, *, baseline_arm: str | None 
     linked relative to it.
 
     Records whose environments differ (versions, backend, device kind or count, XLA flags)
-    are never compared: each environment gets its own section.
+    are never compared: each environment gets its own section. `against`: the results
+    compared with a baseline run's, a section at the end, with a folded "What changed"
+    block under every regressed cell.
     """
     output = Path(output)
     df = to_frame(read_dir(results))
@@ -135,6 +159,8 @@ def render(results: str | Path, output: str | Path, *, baseline_arm: str | None 
                 parts.append(plan.section(
                     plans, staged, prefix, arm,
                     lambda title, path: _image(title, path, embed_images), measured=df))
+        if against is not None:
+            parts.append(_against(against))
         text = "\n\n".join(parts) + "\n"
         (staged / output.name).write_text(text)
         _publish(staged, output, images=not embed_images)

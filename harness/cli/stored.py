@@ -132,6 +132,20 @@ class Report(Command):
                             help="write the plots into the markdown as data:image/png;base64 "
                                  "URIs, so a pasted document keeps them (default: PNG files "
                                  "beside it, linked relative to it)")
+        parser.add_argument("--baseline", type=Path, metavar="RESULTS",
+                            help="earlier results to compare with (as `parity compare "
+                                 "BASELINE RESULTS`): a section at the end, with a folded "
+                                 "'What changed' block under every regressed cell")
+
+    @classmethod
+    def _against(cls, old, new, label: str):
+        from harness.jobs.explain import changes
+        from reports import compare
+        from reports.document import Against
+
+        rows = compare.compare_sets(old, new)
+        return Against(label=label, comparison=compare.markdown(
+            rows, old_label="baseline", new_label="these"), changed=changes(rows))
 
     @classmethod
     def run(cls, args):
@@ -139,13 +153,16 @@ class Report(Command):
         from reports.document import render
         from reports.record import read_dir
 
-        read_dir(args.results)  # bad results fail before anything is written
+        new = read_dir(args.results)  # bad results fail before anything is written
+        against = (cls._against(read_dir(args.baseline), new, str(args.baseline))
+                   if args.baseline else None)
         results.check_writable(args.output.parent, "-o")
         if args.output.is_dir():
             raise ValueError(f"-o {args.output} is a directory; give the .md file to write")
         # Staged, then moved into place whole (reports.document): a stop writes nothing.
         stoppable(lambda: render(args.results, args.output, baseline_arm=args.baseline_arm,
-                                  embed_images=args.embed_images), "no report was written")
+                                  embed_images=args.embed_images, against=against),
+                  "no report was written")
         print(f"report: {args.output}")
         return 0
 

@@ -277,21 +277,27 @@ def cell_change(old: list[Record], new: list[Record], top: int = TOP) -> str:
     return "\n".join(parts)
 
 
-def what_changed(rows, *, cost_threshold: float = 0.0, top: int = TOP) -> str:
-    """Under every cell `reports.compare.regressions` calls a regression (rows of
-    `compare_sets`): what changed there (`cell_change`), or why nothing can be said."""
+def changes(rows, *, cost_threshold: float = 0.0, top: int = TOP) -> list[tuple[str, str]]:
+    """(cell, what changed there) for every cell `reports.compare.regressions` calls a
+    regression (rows of `compare_sets`): `cell_change`, or why nothing can be said."""
     from reports.compare import regressions
 
-    blocks = []
+    found = []
     for row in rows:
         if not regressions([row], cost_threshold=cost_threshold):
             continue
         if not (row.old and row.old.ok and row.new and row.new.ok):
-            found = "One side has no finished run to compare (its failure is above).\n"
+            text = "One side has no finished run to compare (its failure is above).\n"
         else:
-            found = cell_change(row.old.ok, row.new.ok, top) or (
+            text = cell_change(row.old.ok, row.new.ok, top) or (
                 "Neither a compiled step by category nor two traced windows on both sides: "
                 "run the cell with --trace (or plan it) on both to see which operations "
                 "moved.\n")
-        blocks.append(f"### What changed: {row.name}\n\n{found}")
-    return "\n".join(blocks)
+        found.append((row.name, text))
+    return found
+
+
+def what_changed(rows, *, cost_threshold: float = 0.0, top: int = TOP) -> str:
+    """`changes` as markdown, a heading per regressed cell."""
+    return "\n".join(f"### What changed: {name}\n\n{text}"
+                     for name, text in changes(rows, cost_threshold=cost_threshold, top=top))

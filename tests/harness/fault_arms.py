@@ -110,8 +110,8 @@ def _plant_extra_param_pass():
 
     original = native.native_step
 
-    def native_step(*args):
-        params, rest, opt_state, loss = original(*args)
+    def native_step(*args, **options):
+        params, rest, opt_state, loss = original(*args, **options)
         params = jax.tree.map(lambda p: p + jnp.asarray(1e-30, p.dtype) * jnp.sin(p), params)
         return params, rest, opt_state, loss
 

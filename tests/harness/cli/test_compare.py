@@ -157,3 +157,23 @@ def test_one_run_a_side_fails_the_gate_on_a_large_slowdown_and_passes_an_a_a(one
     same = parity_cli("compare", str(root / "old"), str(root / "again"), "--fail-on-regression")
     assert same.returncode == 0, same.stdout + same.stderr
     assert "| too few samples |" in same.stdout
+
+
+def test_a_report_given_a_baseline_folds_what_changed_under_the_regressed_cell(two_runs,
+                                                                               tmp_path):
+    old, new = two_runs
+    out = tmp_path / "parity.md"
+    proc = parity_cli("report", str(new), "-o", str(out), "--baseline", str(old))
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    against = text.split(f"## Against the baseline ({old})")[1]
+    assert "| native tiny seq=16 batch=4 ga=1 |" in against  # the comparison's row
+    block = against.split("<summary><b>What changed: native tiny seq=16 batch=4 ga=1</b>"
+                          "</summary>")[1].split("</details>")[0]
+    first = next(line for line in block.splitlines() if line.startswith("| ")
+                 and not line.startswith("| category"))
+    assert first.startswith("| fusion: loop |")  # the planted pass, named first
+    clean = parity_cli("report", str(old), "-o", str(tmp_path / "same.md"), "--baseline",
+                       str(old))
+    assert clean.returncode == 0, clean.stderr
+    assert "No cell regressed against the baseline." in (tmp_path / "same.md").read_text()
