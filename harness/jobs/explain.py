@@ -18,48 +18,15 @@ and shape, their changes summing to the planned peak's change to the byte.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from harness.measure import trace, trace_diff
 from harness.xla import categories
-from harness.xla.categories import Totals
-from reports import peak as peak_change
+from reports import movers
+from reports.movers import FIGURES, Explanation, Totals, markdown, to_json
 from reports.record import Record, cell_name, read_dir
 
-FIGURES = ("count", "flops", "hbm_bytes", "collective_bytes")
-
-
-@dataclasses.dataclass(frozen=True)
-class Row:
-    category: str
-    a: Totals
-    b: Totals
-
-    def change(self, figure: str) -> float:
-        return getattr(self.b, figure) - getattr(self.a, figure)
-
-    @property
-    def moved(self) -> float:
-        """How far this category moved: its largest change of bytes (HBM or collective),
-        else of FLOPs, else of runs."""
-        return max(abs(self.change("hbm_bytes")), abs(self.change("collective_bytes")),
-                   abs(self.change("flops")) / 1e3, abs(self.change("count")))
-
-
-@dataclasses.dataclass(frozen=True)
-class Explanation:
-    a: str
-    b: str
-    """The two sides, as people name them (cell and run id)."""
-    rows: list[Row]
-    """Every category of either side, the largest mover first."""
-    only_a: list[str]
-    only_b: list[str]
-    peak: peak_change.PeakChange | None = None
-    """What holds each side's planned peak, matched (plans only)."""
-    peak_unavailable: str | None = None
-    """Why `peak` is None where both sides are plans."""
+__all__ = ["FIGURES", "Explanation", "explain", "markdown", "to_json"]
 
 
 def per_step(record: Record) -> dict[str, Totals]:
@@ -91,21 +58,9 @@ def per_step(record: Record) -> dict[str, Totals]:
 
 
 def explain(a: Record, b: Record) -> Explanation:
-    """What changed between two plan records of one cell, by operation category."""
-    sides = per_step(a), per_step(b)
-    names = list(dict.fromkeys([*sides[0], *sides[1]]))
-    rows = [Row(c, sides[0].get(c, Totals()), sides[1].get(c, Totals())) for c in names]
-    rows.sort(key=lambda row: -row.moved)
-    held, why = None, None
-    if a.plan is not None and b.plan is not None:
-        try:
-            held = peak_change.compare(a.plan, b.plan)
-        except ValueError as err:
-            why = str(err)
-    return Explanation(
-        a=f"{cell_name(a.arm, a.spec)} ({a.run_id})", b=f"{cell_name(b.arm, b.spec)} ({b.run_id})",
-        rows=rows, only_a=[c for c in names if c not in sides[1]],
-        only_b=[c for c in names if c not in sides[0]], peak=held, peak_unavailable=why)
+    """What changed between two records of one cell, by operation category (per_step: as
+    the records carry it, else from the HLO a plan kept)."""
+    return movers.explain(a, b, per_step)
 
 
 def _programs(records: list[Record], arm: str | None) -> list[Record]:
@@ -130,60 +85,6 @@ def pick(records: list[Record] | None, where: str, arm: str | None) -> Record:
                          "give --arm, or results of one cell")
     plans = [r for r in found if r.plan is not None]
     return (plans or found)[0]
-
-
-BYTES = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
-FLOPS = (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("FLOP", 1))
-
-
-def _units(found: Explanation) -> dict[str, tuple[str, float]]:
-    """Per figure, the unit its largest value in the table reads best in."""
-    units = {"count": ("runs", 1.0)}
-    for figure, scale in (("hbm_bytes", BYTES), ("collective_bytes", BYTES),
-                          ("flops", FLOPS)):
-        largest = max((abs(getattr(side, figure)) for row in found.rows
-                       for side in (row.a, row.b)), default=0.0)
-        units[figure] = next(((n, v) for n, v in scale if largest >= v), scale[-1])
-    return units
-
-
-def markdown(found: Explanation, top: int | None = None) -> str:
-    """The explanation as a table a PR can carry (the `top` movers, or every category)."""
-    units = _units(found)
-    what = {"count": "", "flops": "matmul ", "hbm_bytes": "HBM ",
-            "collective_bytes": "collective "}
-    header = ["category"] + [f"{what[f]}{units[f][0]} {side}" for f in FIGURES
-                             for side in ("A", "B", "B-A")]
-    lines = [f"A: {found.a}", f"B: {found.b}", "",
-             "Per device and optimizer step, the compiled program's figures (XLA's plan, or "
-             "the compiled cost of a run; exact, loops counted as they run), the largest "
-             "movers first.", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in found.rows[:top]:
-        cells = [row.category]
-        for figure in FIGURES:
-            scale = units[figure][1]
-            digits = 0 if figure == "count" else 3
-            cells += [f"{getattr(row.a, figure) / scale:,.{digits}f}",
-                      f"{getattr(row.b, figure) / scale:,.{digits}f}",
-                      f"{row.change(figure) / scale:+,.{digits}f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    for label, names in (("A", found.only_a), ("B", found.only_b)):
-        if names:
-            lines.append(f"\nOnly in {label}: {', '.join(names)}.")
-    if found.peak is not None:
-        lines += ["", peak_change.markdown(found.peak, top).rstrip("\n")]
-    elif found.peak_unavailable:
-        lines += ["", f"What holds the planned peak: not known ({found.peak_unavailable})."]
-    return "\n".join(lines) + "\n"
-
-
-def to_json(found: Explanation, top: int | None = None) -> dict:
-    return {"a": found.a, "b": found.b, "only_a": found.only_a, "only_b": found.only_b,
-            "rows": [{"category": r.category, "a": dataclasses.asdict(r.a),
-                      "b": dataclasses.asdict(r.b)} for r in found.rows[:top]],
-            "peak": peak_change.to_json(found.peak, top) if found.peak else None,
-            "peak_unavailable": found.peak_unavailable}
 
 
 PLAN, TRACE = "plan", "trace"

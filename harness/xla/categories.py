@@ -33,6 +33,7 @@ import re
 
 from harness.xla import counts
 from harness.xla.hlo import Instruction, Module, parse
+from reports.movers import Totals
 
 MATMUL = "matmul"
 COPY = "copy/relayout"
@@ -137,17 +138,6 @@ def category_of_name(name: str, module: Module | None = None) -> str:
     stub = Instruction(name=name, shape="", opcode=opcode, operands=(), arguments="",
                        attributes="", root=False)
     return category(stub)
-
-
-@dataclasses.dataclass
-class Totals:
-    """One category's instructions over one call of a module, loops as they run."""
-
-    count: float = 0.0
-    """Instruction runs."""
-    flops: float = 0.0
-    hbm_bytes: float = 0.0
-    collective_bytes: float = 0.0
 
 
 def by_category(hlo_text: str) -> dict[str, Totals]:

@@ -38,7 +38,7 @@ from pathlib import Path
 from harness.xla import categories
 from harness.xla.hlo import Instruction, Module, Unavailable, parse, tuple_elements
 
-VERSION = 3
+VERSION = 4
 """Of how rows are read from a dump: a plan cached under another is compiled again (the
 dump is not kept, only the rows)."""
 LIVE_RANGE_SUFFIX = "after_optimizations-live-range.txt"
@@ -136,27 +136,35 @@ def live_ranges(text: str) -> dict[tuple[str, str], tuple[int, int]]:
     return found
 
 
+def _live(span: tuple[int, int]) -> tuple[int, int]:
+    """A buffer's live points as a half-open range [first, end): at the point where an
+    instruction writes its result into its operand's buffer (in place), the result is live
+    and the operand is not; a buffer defined and last used at one point is live there."""
+    first, last = span
+    return first, max(last, first + 1)
+
+
 def busiest_temp(placed: list[Allocation], live_range_text: str
                  ) -> list[tuple[str, str, str, int]]:
     """The values of the temp allocation live at the program point where the most of its
     bytes are live: (name, index, shape, bytes) each. Unavailable where those bytes exceed
     the allocation (values live at once cannot overlap in it: a second count of the dump)."""
-    spans = live_ranges(live_range_text)
+    spans = {key: _live(span) for key, span in live_ranges(live_range_text).items()}
     temp = [(a, v) for a in placed if a.section == TEMP for v in a.values
             if (v[0], v[1]) in spans]
     if not temp:
         return []
     events: dict[int, int] = {}
     for _, (name, index, _, size) in temp:
-        first, last = spans[name, index]
+        first, end = spans[name, index]
         events[first] = events.get(first, 0) + size
-        events[last + 1] = events.get(last + 1, 0) - size
+        events[end] = events.get(end, 0) - size
     live, best, at = 0, -1, 0
     for point in sorted(events):
         live += events[point]
         if live > best:
             best, at = live, point
-    chosen = [(a, v) for a, v in temp if spans[v[0], v[1]][0] <= at <= spans[v[0], v[1]][1]]
+    chosen = [(a, v) for a, v in temp if spans[v[0], v[1]][0] <= at < spans[v[0], v[1]][1]]
     for allocation in {id(a): a for a, _ in chosen}.values():
         held = sum(v[3] for a, v in chosen if a is allocation)
         if held > allocation.size:

@@ -20,7 +20,7 @@ import dataclasses
 import itertools
 from collections.abc import Iterable, Sequence
 
-from reports import costs, stats
+from reports import costs, movers, stats
 from reports.compare import Cell
 from reports.record import Environment, Record, path_safe
 from reports.regression import (
@@ -262,11 +262,24 @@ def _name_verdict(view: RunView, previous: RunView | None) -> None:
         parts.append("every figure as in the latest comparable run (exact)")
     if row.status == REGRESSION:
         view.verdict = REGRESSED
+        moved = _moved(row.history, view.records)
+        if moved:
+            parts.append(f"moved: {moved}")
     elif c.verdict == stats.FASTER:
         view.verdict = IMPROVED
     else:
         view.verdict = OK
     view.why = "; ".join(parts) or c.verdict
+
+
+def _moved(history: list[Record], records: list[Record]) -> str:
+    """The top movers by operation category (reports.movers.line) between the regressed
+    run's first record that carries its step by category and the latest such record of
+    the runs it was judged against; '' where either side has none."""
+    new = next((r for r in records if r.ok and movers.carried(r)), None)
+    old = next((r for r in sorted(history, key=_order, reverse=True)
+                if r.ok and movers.carried(r)), None)
+    return movers.line(old, new) if old and new else ""
 
 
 def _named(views: list[RunView]) -> list[RunView]:

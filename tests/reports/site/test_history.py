@@ -73,6 +73,9 @@ def test_planted_events_get_their_verdicts(histories):
     assert engine[slow.start].verdict == REGRESSED
     assert "slower" in engine[slow.start].why and "bytes_accessed_per_step" in (
         engine[slow.start].why)
+    # on the regression's point, what moved: the loop fusions' extra pass, named first
+    assert "moved: fusion: loop +1 runs, +" in engine[slow.start].why
+    assert "moved:" not in engine[slow.start - 1].why
     assert engine[slow.start - 1].verdict == OK
     # The fix is exact in cost (bytes back down), the timing is faster than the slow runs.
     assert engine[slow.end].verdict in (OK, IMPROVED)
