@@ -153,9 +153,10 @@ def line(a: Record, b: Record, top: int = 3) -> str:
     units = _units(found)
     parts = []
     for row in found.rows[:top]:
-        moved = [f"{row.change(f) / units[f][1]:+,.{0 if f == 'count' else 3}f} "
-                 f"{units[f][0]}{'' if f == 'count' else ' ' + NAMES[f]}"
-                 for f in FIGURES if row.change(f)]
+        shown = {f: f"{row.change(f) / units[f][1]:+,.{0 if f == 'count' else 3}f}"
+                 for f in FIGURES}
+        moved = [f"{shown[f]} {units[f][0]}{'' if f == 'count' else ' ' + NAMES[f]}"
+                 for f in FIGURES if shown[f].strip("+-0.,")]  # what rounds to 0 did not move
         if moved:
             parts.append(f"{row.category} {', '.join(moved)}")
     return "; ".join(parts)
