@@ -1,12 +1,9 @@
 """`parity explain`: why two plans, or two traced windows, of one cell differ, by operation.
 
-Each side is a plan record whose executables' optimized HLO was kept (`parity plan
---save-hlo`). Per side and category (harness.xla.categories), over one optimizer step:
-instruction runs, matmul FLOPs, HBM bytes and collective bytes, each executable's figures
-times its calls per step, loops counted as they run (harness.xla.counts). The rows are
-ordered by how much they moved (the largest change of bytes first); categories present on
-one side only are named. Every figure is the compiler's, per device, exact: a change is a
-change of the program, not noise.
+Two records (plans, or runs with a compiled cost) are compared by reports.movers: per
+category (harness.xla.categories) and optimizer step, runs, matmul FLOPs, HBM bytes and
+collective bytes, as the records carry them, or, for a plan made before records carried
+them, split here from the HLO `parity plan --save-hlo` kept.
 
 Two captures (`parity run --trace`, or any capture `parity trace` reads) are explained by
 harness.measure.trace_diff: per device, per op and category, device time per traced step.
@@ -35,10 +32,9 @@ def per_step(record: Record) -> dict[str, Totals]:
     executable's split by category times its calls per step. ValueError naming the fix
     where neither is there."""
     where = cell_name(record.arm, record.spec)
-    carried = (record.plan.categories_per_step if record.plan is not None
-               else record.cost.categories_per_step if record.cost is not None else {})
+    carried = movers.carried(record)
     if carried:
-        return {category: Totals(**figures) for category, figures in carried.items()}
+        return carried
     plan = record.plan
     if plan is None or not plan.hlo_dir:
         raise ValueError(f"{where}: the record carries no step by category (made before "

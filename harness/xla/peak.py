@@ -75,10 +75,6 @@ class Group:
     count: int
     bytes: int
 
-    @property
-    def key(self) -> tuple[str, str, str]:
-        return self.section, self.defined_by, self.shape
-
 
 @dataclasses.dataclass(frozen=True)
 class Allocation:
@@ -122,6 +118,8 @@ def allocations(text: str) -> list[Allocation]:
             current.append((value.group(1), value.group(2) or "", value.group(4),
                             int(value.group(3))))
     return [Allocation(size, section, tuple(values)) for size, section, values in found]
+
+
 def live_ranges(text: str) -> dict[tuple[str, str], tuple[int, int]]:
     """(instruction name, tuple index) -> (first, last) program point of each buffer, from
     the dump's BufferLiveRange section."""
