@@ -90,7 +90,7 @@ def explain(a: Record, b: Record, per_step=None) -> Explanation:
         only_b=[c for c in names if c not in sides[0]], peak=held, peak_unavailable=why)
 
 
-BYTES = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
+BYTES = peak_change.UNITS
 FLOPS = (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("FLOP", 1))
 
 

@@ -18,6 +18,7 @@ from reports.record import Plan
 
 HELD = ("held", "train state outside the executable", "")
 REST = "rest"
+"""harness.xla.peak.REST: the `defined_by` of a section's remainder row."""
 UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
 
 
@@ -95,7 +96,7 @@ def _unit(change: PeakChange) -> tuple[str, int]:
 def markdown(change: PeakChange, top: int | None = None) -> str:
     """The matched rows as a table (the `top` movers, or all), and the sum they make."""
     unit, scale = _unit(change)
-    shown = [r for r in change.rows if r.change][:top] if top else change.rows
+    shown = _shown(change, top)
     lines = [f"What holds the planned peak (XLA's buffer assignment of the peak executable, "
              f"per device; A: `{change.a_executable}`, B: `{change.b_executable}`): "
              f"{change.a_peak / scale:,.3f} -> {change.b_peak / scale:,.3f} {unit} "
@@ -118,8 +119,13 @@ def markdown(change: PeakChange, top: int | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _shown(change: PeakChange, top: int | None) -> list[Row]:
+    """The `top` rows that moved, or every row."""
+    return [r for r in change.rows if r.change][:top] if top else change.rows
+
+
 def to_json(change: PeakChange, top: int | None = None) -> dict:
-    shown = [r for r in change.rows if r.change][:top] if top else change.rows
+    shown = _shown(change, top)
     return {"a_executable": change.a_executable, "b_executable": change.b_executable,
             "a_peak": change.a_peak, "b_peak": change.b_peak, "change": change.change,
             "rows": [dataclasses.asdict(r) | {"change": r.change} for r in shown]}

@@ -60,7 +60,8 @@ class CompiledPlan:
     compile_s: float
     cached: bool
     peak: list[dict] | None = None
-    """The buffers live at its peak, grouped (harness.xla.peak.Group as dicts)."""
+    """Its planned total as rows of XLA's buffer assignment (harness.xla.peak.Group as
+    dicts)."""
     peak_unavailable: str | None = None
     """Why `peak` is None."""
 

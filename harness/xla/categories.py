@@ -44,9 +44,11 @@ NO_DATA = "no data"
 
 _COPIES = {"copy", "copy-start", "copy-done", "transpose"}
 _HOST = {"send", "recv", "send-done", "recv-done", "infeed", "outfeed"}
-_CONTROL = {"while", "conditional", "call", "call-start", "call-update", "call-done",
-            "async-start", "async-update", "async-done", "custom-call-start",
-            "custom-call-update", "custom-call-done"}
+ASYNC = {"call-start", "call-update", "call-done", "async-start", "async-update",
+         "async-done", "custom-call-start", "custom-call-update", "custom-call-done"}
+"""The wrappers that run a computation on another thread (XLA:TPU7x runs collectives so,
+on its SparseCores)."""
+_CONTROL = {"while", "conditional", "call"} | ASYNC
 _NO_DATA = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all",
             "partition-id", "replica-id", "opt-barrier", "iota"}
 _FUSION_KIND = re.compile(r"\bkind=k(\w+)")

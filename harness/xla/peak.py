@@ -52,10 +52,6 @@ _COLOR = re.compile(r"\bcolor (\d+)")
 _PARAMETER = re.compile(r"\bparameter \d+")
 _LAYOUT = re.compile(r"\{[^{}]*\}")
 _COMMENT = re.compile(r"/\*.*?\*/")
-_ASYNC = {"custom-call-start", "custom-call-update", "custom-call-done", "call-start",
-          "call-update", "call-done", "async-start", "async-update", "async-done"}
-"""Wrappers that run a computation asynchronously (XLA:TPU7x runs collectives so, on its
-SparseCores); a buffer they define is named after what they run."""
 ARGUMENT, OUTPUT, TEMP = "argument", "output", "temp"
 PARAMETER = "parameter"
 REST = "rest"
@@ -190,11 +186,11 @@ def _what(inst: Instruction, module: Module) -> str:
     named by what its computation's root does."""
     if inst.opcode == "parameter":
         return PARAMETER
-    if inst.opcode in _ASYNC or inst.opcode == "custom-call":
+    if inst.opcode in categories.ASYNC or inst.opcode == "custom-call":
         for body in inst.callees().values():
             if body in module.computations and module.root(body) is not inst:
                 return _what(module.root(body), module)
-        if inst.opcode in _ASYNC:  # named after what it runs: "all-gather.117.cloned.1.call-done"
+        if inst.opcode in categories.ASYNC:  # named after what it runs ("all-gather.3.call-done")
             named = categories.category_of_name(inst.name.split(".")[0])
             if not named.startswith("other: "):
                 return named
