@@ -91,6 +91,8 @@ def explain(a: Record, b: Record, per_step=None) -> Explanation:
 
 
 BYTES = peak_change.UNITS
+NAMES = {"flops": "matmul", "hbm_bytes": "HBM", "collective_bytes": "collective"}
+"""How a figure is named beside its unit (runs need no name)."""
 FLOPS = (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("FLOP", 1))
 
 
@@ -108,8 +110,7 @@ def _units(found: Explanation) -> dict[str, tuple[str, float]]:
 def markdown(found: Explanation, top: int | None = None) -> str:
     """The explanation as a table a PR can carry (the `top` movers, or every category)."""
     units = _units(found)
-    what = {"count": "", "flops": "matmul ", "hbm_bytes": "HBM ",
-            "collective_bytes": "collective "}
+    what = {f: f"{NAMES[f]} " if f in NAMES else "" for f in FIGURES}
     header = ["category"] + [f"{what[f]}{units[f][0]} {side}" for f in FIGURES
                              for side in ("A", "B", "B-A")]
     lines = [f"A: {found.a}", f"B: {found.b}", "",
@@ -161,5 +162,3 @@ def line(a: Record, b: Record, top: int = 3) -> str:
             parts.append(f"{row.category} {', '.join(moved)}")
     return "; ".join(parts)
 
-
-NAMES = {"flops": "matmul", "hbm_bytes": "HBM", "collective_bytes": "collective"}
