@@ -64,7 +64,7 @@ def abstract_model(kind: str, spec: CellSpec, mesh: Mesh) -> nnx.Module:
 def abstract_batch(spec: CellSpec, sharding: NamedSharding):
     """One micro-batch of `spec` as shapes, laid out by `sharding` (rows over the batch axes)."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-                        spec.micro_batches()[0])
+                        spec.micro_batches(logprobs=False)[0])
 
 
 def _rehome(x, mesh: Mesh):

@@ -41,17 +41,15 @@ def _payload(mb: MicroBatch) -> dict:
 
 def _tunix_loss(loss_fn, abstract_engine):
     """The shared loss as a MaxText/Tunix custom loss: `loss(model, **inputs) -> LossOutput`."""
-    from arms.models.maxtext_qwen3 import call_transformer
+    from arms.models.maxtext_qwen3 import TransformerCall
 
     weighted = abstract_engine.WeightedMetric
 
     def loss(model, tokens, targets, positions, segment_ids, loss_mask, advantages=None,
-             old_logprobs=None):
-        def forward(t, p, s):
-            return call_transformer(model, t, p, s)
-
-        out = loss_fn(forward, MicroBatch(tokens, targets, positions, segment_ids, loss_mask,
-                                          advantages, old_logprobs))
+             old_logprobs=None, ref_logprobs=None):
+        out = loss_fn(TransformerCall(model), MicroBatch(
+            tokens, targets, positions, segment_ids, loss_mask, advantages, old_logprobs,
+            ref_logprobs))
         return abstract_engine.LossOutput(
             primary_loss=weighted(out.loss_sum, out.denominator),
             aux_metrics={name: weighted(value, out.denominator)

@@ -50,9 +50,9 @@ def _mean_loss(loss_fn):
 
     # Named parameters: nnx.value_and_grad resolves Tunix's `**inputs` call to positions.
     def tunix_loss(model, tokens, targets, positions, segment_ids, loss_mask, advantages=None,
-                   old_logprobs=None):
+                   old_logprobs=None, ref_logprobs=None):
         out = loss_fn(model, MicroBatch(tokens, targets, positions, segment_ids, loss_mask,
-                                        advantages, old_logprobs))
+                                        advantages, old_logprobs, ref_logprobs))
         return out.loss_sum / out.denominator, {"loss_sum": out.loss_sum,
                                                 "denominator": out.denominator}
 

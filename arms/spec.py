@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import optax
 
@@ -34,9 +35,20 @@ class CellSpec:
     mesh: str = ""
     """Mesh spec such as "fsdp=8" or "fsdp=4,tensor=2"; empty = 1 device."""
     loss: str = "xent"
-    """Workload loss ("xent" or "grpo")."""
+    """Workload loss (arms.workload.LOSSES): "xent", "grpo" (a clipped surrogate written
+    here, on packed sequences) or "tunix-grpo" (Tunix's own `grpo_loss_fn`, on rollouts)."""
     z_loss: float = 0.0
     """z-loss weight for the xent loss."""
+    loss_agg_mode: str = "token-mean"
+    """tunix-grpo: Tunix's loss aggregation mode."""
+    beta: float = 0.0
+    """tunix-grpo: KL penalty weight (> 0: reference log-probs from the initial weights)."""
+    epsilon: float = 0.2
+    """tunix-grpo: lower clip of the importance ratio."""
+    epsilon_high: float | None = None
+    """tunix-grpo: upper clip of the importance ratio (None: epsilon)."""
+    epsilon_c: float | None = None
+    """tunix-grpo: dual-clip bound (None: no dual clip)."""
     optimizer: str = "adamw"
     """Optax optimizer ("adamw" or "sgd")."""
     learning_rate: float = 1e-3
@@ -70,7 +82,16 @@ class CellSpec:
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; valid: "
                              f"{', '.join(OPTIMIZERS)}")
-        get_loss(self.loss)  # validates the name
+        self.loss_fn()  # validates the name and the loss's options
+        set_options = [f"--{name.replace('_', '-')}" for name in TUNIX_GRPO_OPTIONS
+                       if getattr(self, name) != _DEFAULTS[name]]
+        if set_options and self.loss != "tunix-grpo":
+            raise ValueError(f"{', '.join(set_options)} given with --loss {self.loss}: only "
+                             "--loss tunix-grpo reads them")
+        if self.loss == "tunix-grpo":
+            from arms.workload.rollouts import group_size
+
+            group_size(self.batch)
         if self.ragged is not None:
             negative = [n for n in self.ragged if n < 0]
             if negative:
@@ -99,6 +120,9 @@ class CellSpec:
         return mesh
 
     def loss_fn(self) -> LossFn:
+        if self.loss == "tunix-grpo":
+            return get_loss(self.loss, **{name: getattr(self, name)
+                                          for name in TUNIX_GRPO_OPTIONS})
         return get_loss(self.loss, **({"z_loss_weight": self.z_loss} if self.loss == "xent"
                                       and self.z_loss else {}))
 
@@ -107,8 +131,14 @@ class CellSpec:
             return optax.adamw(self.learning_rate)
         return optax.sgd(self.learning_rate)
 
-    def micro_batches(self, step: int = 0) -> list[MicroBatch]:
-        """The micro-batches of optimizer step `step` (deterministic in seed and step)."""
+    def micro_batches(self, step: int = 0, *, logprobs: bool = True) -> list[MicroBatch]:
+        """The micro-batches of optimizer step `step` (deterministic in seed and step).
+
+        tunix-grpo's rollouts carry log-probs of the initial policy, a forward pass of the
+        cell's model: computed once per (spec, step) in a process; `logprobs=False` leaves
+        them zeros of the same shapes (for plans and validation, which run no model)."""
+        if self.loss == "tunix-grpo":
+            return list(_rollouts(self, step, logprobs))
         return make_micro_batches(
             seed=self.seed * 1_000_003 + step, batch_size=self.micro_batch, seq_len=self.seq,
             vocab_size=self.model_config().vocab_size, num_micro_batches=self.ga,
@@ -116,7 +146,13 @@ class CellSpec:
             grpo=self.loss == "grpo")
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The spec as data; tunix-grpo's options are left out where they keep their
+        defaults, so the data (and the hash) of every other cell is what it always was."""
+        data = dataclasses.asdict(self)
+        for name in TUNIX_GRPO_OPTIONS:
+            if data[name] == _DEFAULTS[name]:
+                del data[name]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> CellSpec:
@@ -125,3 +161,36 @@ class CellSpec:
             data["ragged"] = tuple(data["ragged"])
         return cls(**data)
 
+
+TUNIX_GRPO_OPTIONS = ("loss_agg_mode", "beta", "epsilon", "epsilon_high", "epsilon_c")
+"""CellSpec fields only the tunix-grpo loss reads."""
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(CellSpec)}
+
+
+@functools.lru_cache(maxsize=8)
+def _rollouts(spec: CellSpec, step: int, logprobs: bool) -> tuple[MicroBatch, ...]:
+    """Step `step`'s rollout micro-batches of a tunix-grpo cell; with `logprobs`, the old
+    (and, with beta > 0, reference) log-probs of the initial policy: the cell's seeded
+    weights in float32 on one device, layers scanned (the same values whatever the cell's
+    dtype, layer layout or mesh)."""
+    from arms.workload.rollouts import make_rollouts, with_policy_logprobs
+
+    config = spec.model_config()
+    batches = make_rollouts(
+        seed=spec.seed * 1_000_003 + step, batch_size=spec.micro_batch, seq_len=spec.seq,
+        vocab_size=config.vocab_size, num_micro_batches=spec.ga, loss_tokens=spec.ragged,
+        mask_fraction=spec.mask_fraction)
+    if not logprobs:
+        import numpy as np
+
+        zeros = np.zeros(batches[0].tokens.shape, np.float32)
+        return tuple(b._replace(old_logprobs=zeros, ref_logprobs=zeros if spec.beta else None)
+                     for b in batches)
+    import jax
+
+    from engine.model import build_decoder, get_preset, make_mesh
+
+    policy = build_decoder(
+        get_preset(spec.preset, dtype="float32", scan_layers=True, remat="none"),
+        seed=spec.seed, mesh=make_mesh("", devices=jax.local_devices()[:1]))
+    return tuple(with_policy_logprobs(batches, policy, reference=bool(spec.beta)))

@@ -60,7 +60,7 @@ def _section(df: pd.DataFrame, out_dir: Path, prefix: str, baseline_arm: str, ho
                 "device); calls/step weights the per-step cost.", tables.executables(df)),
         details("Gradient parity", "rel_l2 = ||g - g_exact|| / ||g_exact||, where g is the "
                 "gradient the optimizer saw at step 1 and g_exact = sum_i grad(loss_sum_i) / "
-                "sum_i den_i.", tables.parity(df)),
+                "sum_i den_i.", tables.losses(df), tables.parity(df)),
         details("Executions, host and device time (traced window)", "From the separate "
                 "traced window; these numbers never mix with the untraced timing above. Busy: "
                 "the union of a step's op intervals, each op until it completed; host: traced "

@@ -28,6 +28,23 @@ def environment_key(env: Environment | None) -> str:
             f"{env.process_count} / XLA_FLAGS {env.xla_flags or 'none'}{malloc} / {pins}")
 
 
+def loss_label(spec, versions: dict) -> str:
+    """The cell's loss as the function it is: Tunix's own GRPO loss with its version and
+    options, or this project's losses."""
+    if spec.loss == "tunix-grpo":
+        clips = "".join(f", {name} {value:g}" for name, value in (
+            ("epsilon_high", spec.epsilon_high), ("epsilon_c", spec.epsilon_c))
+            if value is not None)
+        return (f"tunix.rl.algo_core.grpo_loss_fn (google-tunix "
+                f"{versions.get('google-tunix') or 'version unknown'}; loss_agg_mode "
+                f"{spec.loss_agg_mode}, beta {spec.beta:g}, epsilon {spec.epsilon:g}{clips}) "
+                "on rollouts")
+    if spec.loss == "grpo":
+        return "GRPO-style clipped surrogate (arms.workload.losses, this project's) on packed rows"
+    z = f" + z-loss {spec.z_loss:g}" if spec.z_loss else ""
+    return f"next-token cross-entropy{z} (arms.workload.losses)"
+
+
 def to_frame(records: list[Record]) -> pd.DataFrame:
     """One row per cell (its rounds pooled) and one per failed run, with the columns every
     report reads; raw samples are kept as lists (`runs`: one list per round)."""
@@ -67,6 +84,7 @@ def _cell_columns(r: Record) -> dict:
         "run_id": r.run_id, "suite": r.suite, "arm": r.arm, "about": r.about,
         "preset": spec.preset, "seq": spec.seq, "batch": spec.batch, "ga": spec.ga,
         "dtype": spec.dtype, "mesh": spec.mesh or "1", "loss_kind": spec.loss,
+        "loss_label": loss_label(spec, env.versions if env else {}),
         "ragged": tuple(spec.ragged) if spec.ragged else None, "config_hash": r.config_hash,
         "status": r.status, "error_reason": r.error.reason if r.error else None,
         "error_message": r.error.message if r.error else None,

@@ -65,7 +65,9 @@ def _bytes(value) -> str:
 
 def shape_label(row) -> str:
     mesh = "" if row["mesh"] in ("1", "", None) else f" mesh {row['mesh']}"
-    return f"{row['preset']} s{row['seq']} b{row['batch']} ga{row['ga']}{mesh} {row['dtype']}"
+    loss = "" if row.get("loss_kind") in ("xent", None) else f" {row['loss_kind']}"
+    return (f"{row['preset']} s{row['seq']} b{row['batch']} ga{row['ga']}{mesh} "
+            f"{row['dtype']}{loss}")
 
 
 def ok(df: pd.DataFrame) -> pd.DataFrame:
@@ -292,6 +294,12 @@ def executables(df: pd.DataFrame) -> str:
             rows.append((shape_label(r), r["arm"], name,
                          _f(r["calls_per_step"].get(name), "d"), *values))
     return markdown(["shape", "arm", "executable", "calls/step", *fields], rows, group=2)
+
+
+def losses(df: pd.DataFrame) -> str:
+    """'Loss: ...' for each loss the cells ran (the function, its version and options)."""
+    labels = dict.fromkeys(ok(df)["loss_label"]) if "loss_label" in df else {}
+    return "\n".join(f"Loss: {label}." for label in labels if isinstance(label, str))
 
 
 def parity(df: pd.DataFrame) -> str:

@@ -203,6 +203,18 @@ class MaxTextDecoder(nnx.Module):
         return call_transformer(self.transformer, tokens_BxL, positions_BxL, segment_ids_BxL)
 
 
+class TransformerCall(nnx.Module):
+    """MaxText's `Transformer` behind our decoder's call, in the layout it is already under
+    (the model a MaxText trainer hands its loss)."""
+
+    def __init__(self, transformer: nnx.Module):
+        self.transformer = transformer
+
+    def __call__(self, tokens_BxL: jax.Array, positions_BxL: jax.Array,
+                 segment_ids_BxL: jax.Array) -> jax.Array:
+        return call_transformer(self.transformer, tokens_BxL, positions_BxL, segment_ids_BxL)
+
+
 def call_transformer(transformer, tokens_BxL, positions_BxL, segment_ids_BxL) -> jax.Array:
     """logits_BxLxV (float32) of a MaxText `Transformer` on one packed micro-batch."""
     logits_BxLxV = transformer(tokens_BxL, positions_BxL, segment_ids_BxL, enable_dropout=False)

@@ -85,6 +85,10 @@ class TunixDecoder(nnx.Module):
         self.config = config
         self.qwen3 = tunix_model().Qwen3(tunix_config(config), rngs=rngs)
 
+    def tunix_qwen3(self) -> nnx.Module:
+        """Tunix's Qwen3 itself, for a loss that calls the model as Tunix does."""
+        return self.qwen3
+
     def __call__(self, tokens_BxL: jax.Array, positions_BxL: jax.Array,
                  segment_ids_BxL: jax.Array) -> jax.Array:
         logits_BxLxV, _ = self.qwen3(tokens_BxL, positions_BxL, None,

@@ -8,13 +8,11 @@ from arms.workload.batches import (
     make_micro_batches,
 )
 from arms.workload.losses import (
-    LOSSES,
     ClippedPolicyGradient,
     LossFn,
     LossOutput,
     TokenCrossEntropy,
     forward,
-    get_loss,
 )
 from arms.workload.reference import (
     exact_gradient,
@@ -23,6 +21,7 @@ from arms.workload.reference import (
     max_rel_error,
     rel_l2,
 )
+from arms.workload.registry import LOSSES, get_loss
 
 __all__ = [
     "LOSSES", "ClippedPolicyGradient", "LossFn", "LossOutput", "MicroBatch", "TokenCrossEntropy",

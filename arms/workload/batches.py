@@ -27,6 +27,9 @@ class MicroBatch(NamedTuple):
     """GRPO: per-token advantage (float32)."""
     old_logprobs: jax.Array | None = None
     """GRPO: log-prob of each target under the behaviour policy (float32)."""
+    ref_logprobs: jax.Array | None = None
+    """Tunix GRPO with a KL term: log-prob of each completion token under the reference
+    policy (float32)."""
 
 
 def _loss_mask(rng: np.random.Generator, batch_size: int, seq_len: int,
@@ -121,8 +124,12 @@ def data_digest(batches: MicroBatch | Sequence[MicroBatch]) -> str:
     return digest.hexdigest()
 
 
-def denominators(batches: Sequence[MicroBatch]) -> list[float]:
-    """The loss-mask sum of each micro-batch (host values)."""
+def denominators(batches: Sequence[MicroBatch], loss=None) -> list[float]:
+    """Each micro-batch's denominator (host values): the loss's own count where it has one
+    (`loss.host_denominator`), else the loss-mask sum."""
+    count = getattr(loss, "host_denominator", None)
+    if count is not None:
+        return [count(b) for b in batches]
     return [float(np.asarray(jax.device_get(b.loss_mask)).sum()) for b in batches]
 
 

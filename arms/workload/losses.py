@@ -85,15 +85,3 @@ class ClippedPolicyGradient:
         loss_sum = -jnp.sum(surrogate_BxL * mask_BxL)
         clipped_sum = jnp.sum((ratio_BxL != clipped_BxL).astype(jnp.float32) * mask_BxL)
         return LossOutput(loss_sum, jnp.sum(mask_BxL), {"clipped_tokens_sum": clipped_sum})
-
-
-LOSSES: dict[str, Callable[..., LossFn]] = {
-    "xent": TokenCrossEntropy,
-    "grpo": ClippedPolicyGradient,
-}
-
-
-def get_loss(name: str, **options) -> LossFn:
-    if name not in LOSSES:
-        raise ValueError(f"unknown loss {name!r}; valid losses: {', '.join(LOSSES)}")
-    return LOSSES[name](**options)

@@ -19,14 +19,15 @@ def parity_section(spec, captured, first_loss: float) -> Parity:
     from arms.workload import data_digest, denominators, global_norm, rel_l2
 
     batches = spec.micro_batches(0)
+    dens = denominators(batches, spec.loss_fn())
     exact_loss, exact, shared = _exact_reference(spec, batches)
     floor = None
     if spec.dtype != "float32":  # how far the dtype's own arithmetic puts the reference
         _, exact32, _ = _exact_reference(dataclasses.replace(spec, dtype="float32"), batches)
         floor = rel_l2(exact, exact32)
     return Parity(
-        data_digest=data_digest(batches), denominators=denominators(batches),
-        denominator=sum(denominators(batches)), loss=first_loss, exact_loss=exact_loss,
+        data_digest=data_digest(batches), denominators=dens, denominator=sum(dens),
+        loss=first_loss, exact_loss=exact_loss,
         loss_rel_error=abs(first_loss - exact_loss) / abs(exact_loss) if exact_loss else None,
         grad_l2=global_norm(captured), exact_grad_l2=global_norm(exact),
         rel_l2=rel_l2(captured, exact), tied_head=spec.model_config().tie_embeddings,

@@ -33,6 +33,7 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     from arms.registry import arms_help
     from arms.spec import OPTIMIZERS
     from arms.workload import LOSSES
+    from arms.workload.tunix_grpo import AGG_MODES
     from engine.model.config import REMAT_POLICIES
     from harness.grid import suites
 
@@ -57,7 +58,16 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
                              "implies --trace unless --no-trace is given)")
     parser.add_argument("--mesh", help="mesh, e.g. fsdp=8 or fsdp=4,tensor=2")
     parser.add_argument("--dtype", choices=[*DTYPES, *DTYPES.values()], help="compute dtype")
-    parser.add_argument("--loss", choices=list(LOSSES), help="workload loss")
+    parser.add_argument("--loss", choices=list(LOSSES),
+                        help="workload loss; tunix-grpo is Tunix's own grpo_loss_fn on "
+                             "rollouts (prompt + completion)")
+    parser.add_argument("--loss-agg-mode", choices=AGG_MODES,
+                        help="tunix-grpo: Tunix's loss aggregation (default token-mean)")
+    parser.add_argument("--beta", type=float, help="tunix-grpo: KL penalty weight (default 0)")
+    parser.add_argument("--epsilon", type=float, help="tunix-grpo: ratio clip (default 0.2)")
+    parser.add_argument("--epsilon-high", type=float,
+                        help="tunix-grpo: upper ratio clip (default: --epsilon)")
+    parser.add_argument("--epsilon-c", type=float, help="tunix-grpo: dual-clip bound (> 1)")
     parser.add_argument("--optimizer", choices=list(OPTIMIZERS), help="optax optimizer")
     parser.add_argument("--ragged", type=_csv(int), help="loss tokens per micro-batch, e.g. "
                                                          "64,16,40,8 (applies where GA matches)")
@@ -82,6 +92,8 @@ def request(args: argparse.Namespace, out: Path):
         "cpu_devices": args.cpu_devices, "trace_steps": args.trace_steps,
         "scan_layers": args.scan_layers, "remat": args.remat, "trace": args.trace,
         "trace_hlo": args.trace_hlo, "parity": False if args.no_parity else None,
+        "loss_agg_mode": args.loss_agg_mode, "beta": args.beta, "epsilon": args.epsilon,
+        "epsilon_high": args.epsilon_high, "epsilon_c": args.epsilon_c,
     }
     return Request(explicit=explicit, suite=args.suite, plugins=tuple(args.plugin or ()),
                    out=out)

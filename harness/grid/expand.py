@@ -72,7 +72,7 @@ def expand(options: dict[str, Any], *, mesh_sizes: dict[str, int] | None = None)
         if mesh_sizes is not None:
             _check_device_count(spec.mesh, mesh, mesh_sizes)
         if spec.ragged:
-            spec.micro_batches()  # validates counts against the micro-batch capacity
+            spec.micro_batches(logprobs=False)  # validates counts against the micro-batch capacity
         for arm in arms:
             check_model(resolve(arm)[1], spec)  # e.g. what MaxText's Qwen3 cannot express
             cells.append(CellRun(arm=arm, spec=spec.to_dict(), **run_options))

@@ -75,6 +75,8 @@ def trip_count(module: Module, loop: Instruction) -> int:
     step = None
     if body_root.opcode == "tuple":
         update = module.by_name.get(body_root.operands[index])
+        while update is not None and update.opcode in _PASS_THROUGH - {"get-tuple-element"}:
+            update = module.by_name.get(update.operands[0])  # e.g. copy(add(i, 1))
         if update is not None and update.opcode == "add":
             a, b = update.operands
             step = (_constant(module, b) if _tuple_index(module, a) == index

@@ -44,6 +44,12 @@ class Spec:
     seed: int
     scan_layers: bool
     remat: str
+    loss_agg_mode: str = "token-mean"
+    """tunix-grpo's options (absent from other cells' specs, which keep these defaults)."""
+    beta: float = 0.0
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    epsilon_c: float | None = None
 
 
 @_section

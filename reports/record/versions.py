@@ -12,14 +12,15 @@ from __future__ import annotations
 
 from reports.record.errors import RecordError
 
-SCHEMA = 5
+SCHEMA = 6
 """Version of the layout `to_json` writes. 1: the environment was `fingerprint`, the
 compiled cost `flops`, the step statistics `timing.summary`, the data digest
 `parity.data_fingerprint`, the executions `timing.executions_per_step_dispatched`.
 2: XLA's compiled FLOPs and bytes were not loop-aware (a while-loop body counted once), there
 were no model FLOPs, and the round lived only in the A/B tag. 3: there were no plans (no
 `plan` section, no `run.plan_target`). 4: a plan had no roofline and did not name its
-compiler's build (`plan.roofline`, `plan.libtpu_build`)."""
+compiler's build (`plan.roofline`, `plan.libtpu_build`). 5: the spec had no options of the
+tunix-grpo loss (`spec.loss_agg_mode`, `beta`, `epsilon`, `epsilon_high`, `epsilon_c`)."""
 
 
 def upgrade(data: dict, where: str = "record") -> dict:
@@ -27,7 +28,7 @@ def upgrade(data: dict, where: str = "record") -> dict:
     schema = data.get("schema")
     if schema == SCHEMA:
         return data
-    if schema in (3, 4):  # schemas 4 and 5 only added fields (plans; roofline), with defaults
+    if schema in (3, 4, 5):  # 4, 5 and 6 only added fields (plans; roofline; loss options)
         return dict(data, schema=SCHEMA)
     if schema == 2:
         return _upgrade_2(data)

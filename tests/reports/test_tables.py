@@ -57,3 +57,18 @@ def test_parity_fail_shows_in_the_timing_and_parity_tables():
     parity = tables.parity(df)
     assert parity.count("| FAIL: mean of micro-batch means (optax.MultiSteps) |") == 2
     assert parity.count("| PASS |") == 10
+
+
+def test_the_parity_section_names_each_loss_and_a_tunix_grpo_shape_says_so():
+    records = fixture_records(("engine",))
+    tunix = [dataclasses.replace(r, config_hash="t" + r.config_hash, spec=dataclasses.replace(
+        r.spec, loss="tunix-grpo", loss_agg_mode="seq-mean-token-sum", beta=0.04))
+        for r in records]
+    df = to_frame(records + tunix)
+    version = records[0].environment.versions["google-tunix"]
+    assert tables.losses(df).splitlines() == [
+        "Loss: next-token cross-entropy (arms.workload.losses).",
+        f"Loss: tunix.rl.algo_core.grpo_loss_fn (google-tunix {version}; loss_agg_mode "
+        "seq-mean-token-sum, beta 0.04, epsilon 0.2) on rollouts."]
+    shapes = [line.split(" | ")[0].lstrip("| ") for line in tables.parity(df).splitlines()[2:]]
+    assert "tiny s16 b4 ga1 float32 tunix-grpo" in shapes and "tiny s16 b4 ga1 float32" in shapes
