@@ -167,6 +167,11 @@ class Arm(abc.ABC):
         return (f"{trainer.about if trainer else 'plugin arm ' + self.trainer} on "
                 f"{MODELS[self.model_kind]}")
 
+    def trainer_denominator(self) -> float | None:
+        """What the trainer divided the last step's accumulated gradient by, as the trainer
+        itself reports or configures it; None where it says nothing (the default)."""
+        return None
+
     def executions_per_step(self) -> int:
         """Executable calls per optimizer step as dispatched by `step` (0 before a step)."""
         return self._executions

@@ -81,6 +81,10 @@ class EngineArm(Arm):
     def last_loss(self) -> float:
         return self.engine.get_metrics()[-1].loss
 
+    def trainer_denominator(self) -> float:
+        """The engine's step metrics: the sum of its micro-batches' denominators."""
+        return self.engine.get_metrics()[-1].denominator
+
     def close(self) -> None:
         self.engine.close()
 

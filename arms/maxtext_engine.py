@@ -190,5 +190,10 @@ class MaxTextEngineArm(Arm):
         their mean, i.e. a mean of micro-batch means (the gradient itself is sum/sum)."""
         return float(np.mean(np.asarray(self._metrics.weighted_metrics["loss"].compute())))
 
+    def trainer_denominator(self) -> float:
+        """The weights of the step's loss metric in MaxText's metrics buffer (one per
+        micro-batch): the denominator its update divides the summed gradient by."""
+        return float(np.sum(np.asarray(self._metrics.weighted_metrics["loss"].denominator)))
+
     def close(self) -> None:
         self.engine.close()

@@ -177,5 +177,10 @@ class PeftArm(Arm):
         """Tunix's reported step loss: the mean of the micro-batch mean losses."""
         return float(sum(float(x) for x in self._losses) / len(self._losses))
 
+    def trainer_denominator(self) -> float:
+        """PeftTrainer's configured accumulation (`gradient_accumulation_steps`, else 1):
+        optax.MultiSteps averages that many micro-batch mean gradients, each counting 1."""
+        return float(self.peft.config.gradient_accumulation_steps or 1)
+
     def close(self) -> None:
         self.peft._throttler.wait_for_all()

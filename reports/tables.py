@@ -308,12 +308,14 @@ def parity(df: pd.DataFrame) -> str:
         dens = "/".join(f"{d:g}" for d in r["denominators"]) if r["denominators"] else MISSING
         verdict = verdict_of(r)
         rows.append((shape_label(r), r["arm"], dens, _f(r["denominator"], "g"),
+                     _f(r["trainer_denominator"], "g"),
                      _f(r["loss"], ".6f"), _f(r["exact_loss"], ".6f"), _f(r["grad_l2"], ".5f"),
                      _f(r["rel_l2"], ".2e"),
                      f"{verdict.status}{': ' + verdict.cause if verdict.cause else ''}"
                      if verdict else "not checked",
                      (r["data_digest"] or MISSING)[:12]))
-    return markdown(["shape", "arm", "micro-batch denominators", "sum", "loss (trainer)",
+    return markdown(["shape", "arm", "micro-batch denominators", "sum",
+                     "trainer's denominator", "loss (trainer)",
                      "exact loss", "gradient L2", "rel_l2 vs exact",
                      f"verdict ({TOLERANCE_RULE})", "data"], rows)
 

@@ -102,7 +102,8 @@ def run_paired(runs: Sequence[CellRun], slices: int, phases: Phases,
         records.append(Record(
             about=arm.about(), timing=timing, memory=memory_section(planned, None, 0),
             cost=cost_section(executables, arm.calls_per_step(), timing.stats.median_ms, spec),
-            parity=parity_section(spec, captured, first_loss) if run.parity else None))
+            parity=parity_section(spec, captured, first_loss, arm.trainer_denominator())
+            if run.parity else None))
     phases.end("cost")
     for _, arm, *_ in built:
         arm.close()

@@ -13,9 +13,12 @@ from harness.contract import REFERENCE_DIR, reference_file
 from reports.record import Parity
 
 
-def parity_section(spec, captured, first_loss: float) -> Parity:
+def parity_section(spec, captured, first_loss: float, trainer_denominator: float | None
+                   ) -> Parity:
     """The first step's captured gradient vs the exact sum/sum reference (computed last, so
-    its memory never pollutes the measured peaks)."""
+    its memory never pollutes the measured peaks). `trainer_denominator`: what the arm's
+    trainer divided by (Arm.trainer_denominator; every step of a cell runs the same
+    micro-batches, so any step's is the first's)."""
     from arms.workload import data_digest, denominators, global_norm, rel_l2
 
     batches = spec.micro_batches(0)
@@ -27,7 +30,7 @@ def parity_section(spec, captured, first_loss: float) -> Parity:
         floor = rel_l2(exact, exact32)
     return Parity(
         data_digest=data_digest(batches), denominators=dens, denominator=sum(dens),
-        loss=first_loss, exact_loss=exact_loss,
+        trainer_denominator=trainer_denominator, loss=first_loss, exact_loss=exact_loss,
         loss_rel_error=abs(first_loss - exact_loss) / abs(exact_loss) if exact_loss else None,
         grad_l2=global_norm(captured), exact_grad_l2=global_norm(exact),
         rel_l2=rel_l2(captured, exact), tied_head=spec.model_config().tie_embeddings,

@@ -62,7 +62,7 @@ def run_cell(run: CellRun, phases: Phases | None = None) -> Record:
         traced = sections.traced_window(arm, batches, run)
         phases.end("trace")
     if run.parity:
-        parity = parity_section(spec, captured, first_loss)
+        parity = parity_section(spec, captured, first_loss, arm.trainer_denominator())
         phases.end("reference")
     arm.close()
     return Record(about=arm.about(), timing=timing,

@@ -262,6 +262,11 @@ class Parity:
     reference_shared: bool = False
     """The exact reference was read from the run's store, where an earlier cell of the same
     spec (same weights, data and loss) had computed it (harness.cell.reference)."""
+    trainer_denominator: float | None = None
+    """What the arm's trainer divided its accumulated gradient by, as the trainer reports or
+    configures it (our engine's and MaxText's engine's summed denominators; PeftTrainer's
+    accumulation count, each micro-batch mean counting 1); None where the trainer says
+    nothing (native) or in records written without the field."""
     floor_rel_l2: float | None = None
     """For a compute dtype below float32: ||g_exact - g_exact32|| / ||g_exact32||, the
     distance the dtype's arithmetic alone puts between the exact reference and the same

@@ -20,7 +20,8 @@ compiled cost `flops`, the step statistics `timing.summary`, the data digest
 were no model FLOPs, and the round lived only in the A/B tag. 3: there were no plans (no
 `plan` section, no `run.plan_target`). 4: a plan had no roofline and did not name its
 compiler's build (`plan.roofline`, `plan.libtpu_build`). 5: the spec had no options of the
-tunix-grpo loss (`spec.loss_agg_mode`, `beta`, `epsilon`, `epsilon_high`, `epsilon_c`)."""
+tunix-grpo loss (`spec.loss_agg_mode`, `beta`, `epsilon`, `epsilon_high`, `epsilon_c`), and
+no trainer's denominator (`parity.trainer_denominator`)."""
 
 
 def upgrade(data: dict, where: str = "record") -> dict:

@@ -22,7 +22,8 @@ def _run(name, spec):
     arm.build()
     batches = spec.micro_batches()
     arm.step(arm.place(batches))
-    result = arm.last_loss(), arm.captured_gradient(), arm.executions_per_step()
+    result = (arm.last_loss(), arm.captured_gradient(), arm.executions_per_step(),
+              arm.trainer_denominator())
     arm.close()
     return result, data_digest(batches)
 
@@ -34,7 +35,7 @@ def test_ga1_every_arm_matches_the_exact_loss_and_gradient(devices, mesh):
     ref_loss, ref_grad = _reference(spec)
     prints = set()
     for name in ARMS:
-        (loss, grad, executions), digest = _run(name, spec)
+        (loss, grad, executions, _), digest = _run(name, spec)
         prints.add(digest)
         assert abs(loss - ref_loss) <= 1e-5 * abs(ref_loss), name
         assert rel_l2(grad, ref_grad) <= GRAD_TOLERANCE, name  # measured 2.9e-7 to 1.0e-6
@@ -48,7 +49,7 @@ def test_ga4_ragged_engine_and_native_exact_peft_mean_of_means_off(devices):
     ref_loss, ref_grad = _reference(spec)
     errors = {}
     for name in ARMS:
-        (loss, grad, executions), _ = _run(name, spec)
+        (loss, grad, executions, _), _ = _run(name, spec)
         errors[name] = rel_l2(grad, ref_grad)
         expected_calls = {"engine": 5, "engine-fused": 1, "native": 1}.get(name, 4)
         assert executions == expected_calls, name
@@ -126,11 +127,13 @@ def test_tunix_grpo_ga4_ragged_engine_and_tunix_qwen3_exact_peft_mean_of_means_o
     spec = CellSpec(preset="tiny", seq=32, batch=8, ga=4, ragged=(30, 6, 20, 3),
                     loss="tunix-grpo")
     ref_loss, ref_grad = _reference(spec)
-    errors = {}
+    errors, dens = {}, {}
     for name in ("engine", "native:tunix", "peft-decoder"):
-        (loss, grad, _), _ = _run(name, spec)
+        (loss, grad, _, dens[name]), _ = _run(name, spec)
         errors[name] = rel_l2(grad, ref_grad)
         if name != "peft-decoder":
             assert abs(loss - ref_loss) <= 1e-5 * abs(ref_loss), name
     assert errors["engine"] <= GRAD_TOLERANCE and errors["native:tunix"] <= GRAD_TOLERANCE
     assert errors["peft-decoder"] > 1e-2  # measured 0.40 on tiny-untied seq 64 (CPU)
+    # the trainers' own denominators: the completion tokens summed; none; 4 micro-batch means
+    assert dens == {"engine": 59.0, "native:tunix": None, "peft-decoder": 4.0}

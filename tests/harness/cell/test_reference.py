@@ -31,7 +31,8 @@ def test_a_bfloat16_cell_records_its_floor_and_is_judged_by_it(monkeypatch):
     batches = bf16.micro_batches(0)
     exact16, exact32 = _exact(bf16, batches), _exact(SPEC, batches)
     # the bfloat16 reference itself, captured: exact; the floor is its distance from float32
-    section = parity_section(bf16, exact16, first_loss=1.0)
+    section = parity_section(bf16, exact16, first_loss=1.0, trainer_denominator=7.0)
+    assert section.trainer_denominator == 7.0  # carried as the arm reported it
     assert section.rel_l2 == 0.0
     assert section.floor_rel_l2 == pytest.approx(rel_l2(exact16, exact32), rel=1e-12)
     assert 1e-4 < section.floor_rel_l2 < 1e-1  # bfloat16's rounding, not a different sum
@@ -44,5 +45,5 @@ def test_a_bfloat16_cell_records_its_floor_and_is_judged_by_it(monkeypatch):
     assert parity_verdict(dataclasses.replace(record, parity=inside)).tolerance == (
         section.floor_rel_l2 > GRAD_TOLERANCE and section.floor_rel_l2)
     # a float32 cell has no floor: GRAD_TOLERANCE holds it
-    plain = parity_section(SPEC, exact32, first_loss=1.0)
+    plain = parity_section(SPEC, exact32, first_loss=1.0, trainer_denominator=None)
     assert plain.floor_rel_l2 is None and plain.rel_l2 == 0.0
