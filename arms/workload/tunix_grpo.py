@@ -42,12 +42,6 @@ DIAGNOSTICS = ("pg_loss", "kl_loss", "entropy")
 """Tunix's aux values aggregated with the loss's own mode (so x denominator is a sum)."""
 
 
-def tunix_version() -> str:
-    from importlib.metadata import version
-
-    return version("google-tunix")
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TunixGrpo:
     """`tunix.rl.algo_core.grpo_loss_fn` on rollout micro-batches, as (sum, denominator)."""
@@ -129,12 +123,3 @@ class TunixGrpo:
         """The denominator of `batch` on the host (what the parity record lists)."""
         p = prompt_len(batch.tokens.shape[1])
         return float(self.denominator(jax.device_get(batch.loss_mask)[:, p:] > 0))
-
-    def describe(self) -> str:
-        """The loss as the function it is, for a record and a report."""
-        extras = "".join(f", {k} {v:g}" for k, v in (("epsilon_high", self.epsilon_high),
-                                                      ("epsilon_c", self.epsilon_c))
-                         if v is not None)
-        return (f"tunix.rl.algo_core.grpo_loss_fn (google-tunix {tunix_version()}, "
-                f"loss_agg_mode {self.loss_agg_mode}, beta {self.beta:g}, "
-                f"epsilon {self.epsilon:g}{extras})")
