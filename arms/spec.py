@@ -131,6 +131,10 @@ class CellSpec:
             return optax.adamw(self.learning_rate)
         return optax.sgd(self.learning_rate)
 
+    def data_seed(self, step: int) -> int:
+        """The seed of step `step`'s data (the weights use `seed` itself)."""
+        return self.seed * 1_000_003 + step
+
     def micro_batches(self, step: int = 0, *, logprobs: bool = True) -> list[MicroBatch]:
         """The micro-batches of optimizer step `step` (deterministic in seed and step).
 
@@ -140,7 +144,7 @@ class CellSpec:
         if self.loss == "tunix-grpo":
             return list(_rollouts(self, step, logprobs))
         return make_micro_batches(
-            seed=self.seed * 1_000_003 + step, batch_size=self.micro_batch, seq_len=self.seq,
+            seed=self.data_seed(step), batch_size=self.micro_batch, seq_len=self.seq,
             vocab_size=self.model_config().vocab_size, num_micro_batches=self.ga,
             loss_tokens=self.ragged, mask_fraction=None if self.ragged else self.mask_fraction,
             grpo=self.loss == "grpo")
@@ -177,7 +181,7 @@ def _rollouts(spec: CellSpec, step: int, logprobs: bool) -> tuple[MicroBatch, ..
 
     config = spec.model_config()
     batches = make_rollouts(
-        seed=spec.seed * 1_000_003 + step, batch_size=spec.micro_batch, seq_len=spec.seq,
+        seed=spec.data_seed(step), batch_size=spec.micro_batch, seq_len=spec.seq,
         vocab_size=config.vocab_size, num_micro_batches=spec.ga, loss_tokens=spec.ragged,
         mask_fraction=spec.mask_fraction)
     if not logprobs:

@@ -8,7 +8,7 @@ so the shared `MicroBatch` fields keep their meaning:
 - `tokens`: prompt ++ completion ids (what Tunix concatenates before calling the model);
 - `targets`: the next token of each position (pad at the end), as for the other losses;
 - `positions`, `segment_ids`: what `tunix.rl.common.process_ids` derives from the pads (the
-  position among the row's real tokens; 1 on a real token, 0 on a pad);
+  position among the row's real tokens; 1 on a real token, 0 on a pad), from that function;
 - `loss_mask`: 0 over the prompt, the completion mask (`completion != pad`, as the learner
   builds it) over the completion, so its sum is the micro-batch's completion-token count;
 - `advantages`: the row's advantage repeated over the row (Tunix's estimator, by group);
@@ -93,6 +93,7 @@ def make_rollouts(*, seed: int, batch_size: int, seq_len: int, vocab_size: int,
     whole step's rows (groups of `group_size` consecutive rows) on standard-normal rewards.
     """
     from tunix.rl.algo_core import compute_advantages
+    from tunix.rl.common import process_ids
 
     prompt = prompt_len(seq_len)
     completion = seq_len - prompt
@@ -111,16 +112,16 @@ def make_rollouts(*, seed: int, batch_size: int, seq_len: int, vocab_size: int,
             FILL * mask_fraction)
         ids = np.stack([_row(rng, vocab_size, prompt, completion, p, c)
                         for p, c in zip(n_prompt, n_completion, strict=True)])
-        real = ids != PAD_ID
-        positions = np.cumsum(real, axis=-1)
+        _, positions, _, segment_ids = process_ids(ids[:, :prompt], ids[:, prompt:], PAD_ID,
+                                                   EOS_ID)
         loss_mask = np.zeros(ids.shape, np.float32)
-        loss_mask[:, prompt:] = real[:, prompt:]
+        loss_mask[:, prompt:] = ids[:, prompt:] != PAD_ID
         adv = advantages[i * batch_size:(i + 1) * batch_size]
         batches.append(MicroBatch(
             tokens=ids,
             targets=np.concatenate([ids[:, 1:], np.full((batch_size, 1), PAD_ID, np.int32)], 1),
-            positions=(positions - (positions >= 1)).astype(np.int32),
-            segment_ids=real.astype(np.int32), loss_mask=loss_mask,
+            positions=np.asarray(positions, np.int32),
+            segment_ids=np.asarray(segment_ids, np.int32), loss_mask=loss_mask,
             advantages=np.repeat(adv[:, None], seq_len, axis=1)))
     return batches
 
