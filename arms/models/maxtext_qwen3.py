@@ -68,11 +68,38 @@ def require_maxtext(*, engine: bool = False):
 
 
 @functools.cache
-def _run_root() -> str:
-    """One temp dir per process for MaxText's run directory, removed at exit."""
-    path = tempfile.mkdtemp(prefix="parity-maxtext-")
+def run_root() -> str:
+    """This process's MaxText run directory (MaxText writes an empty `parity/checkpoints`
+    there): `<temp dir>/parity-maxtext-<uid>/<pid>`, removed at exit. A cell worker forked by
+    the zygote leaves by `os._exit`, which runs no exit handler, so the first call in each
+    process also removes the directories of processes no longer running."""
+    pid = os.getpid()
+    if pid in _RUN_ROOTS:
+        return _RUN_ROOTS[pid]
+    parent = os.path.join(tempfile.gettempdir(), f"parity-maxtext-{os.getuid()}")
+    os.makedirs(parent, exist_ok=True)
+    for name in os.listdir(parent):
+        if name.isdigit() and not _running(int(name)):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    path = os.path.join(parent, str(pid))
+    os.makedirs(path, exist_ok=True)
     atexit.register(shutil.rmtree, path, ignore_errors=True)
+    _RUN_ROOTS[pid] = path
     return path
+
+
+_RUN_ROOTS: dict[int, str] = {}
+"""pid -> its run directory (a forked child makes its own)."""
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def check_expressible(config: DecoderConfig) -> None:
@@ -124,7 +151,7 @@ def maxtext_config(config: DecoderConfig, *, mesh_shape: dict[str, int] | None =
         hardware=_HARDWARE.get(platform or jax.default_backend(), "tpu"),
         attention="dot_product", dropout_rate=0.0,
         enable_checkpointing=False, run_name="parity",
-        base_output_directory=_run_root(),
+        base_output_directory=run_root(),
         dataset_type="synthetic", skip_jax_distributed_system=True, log_config=False,
         jax_cache_dir="", profiler="", profiler_steps=0,
         enable_goodput_recording=False, monitor_goodput=False,

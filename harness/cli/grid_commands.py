@@ -139,9 +139,10 @@ class Plan(Command):
                             help="write each executable's optimized TPU HLO text under "
                                  "OUT/hlo/<run id>/<cell>/ (to find what a figure comes from)")
         parser.add_argument("--jobs", type=int,
-                            help="cells planned side by side (default: one per core, as many "
-                                 "as host memory holds at 8 GiB each); a plan's figures do "
-                                 "not depend on it, only its compile seconds")
+                            help="cells planned side by side (default: one per 2 cores, as "
+                                 "many as host memory holds at 8 GiB each: one compile keeps "
+                                 "~2 cores busy); a plan's figures do not depend on it, only "
+                                 "its compile seconds")
         parser.add_argument("--no-plan-cache", action="store_true",
                             help="compile every executable (default: a program planned "
                                  "before for the same target and versions is read back from "

@@ -23,12 +23,20 @@ PLAN_PROCESS_BYTES = 8 * 2**30
 """Host memory one plan process may take: a qwen3-8b seq-1024 cell peaked at 1.0-1.2 GiB RSS
 here, and `parity plan` is held to <= 8 GiB per process."""
 
+COMPILE_CORES = 2
+"""Cores one XLA:TPU compile keeps busy: libtpu 0.0.52 lowers a program's fusions to LLO on a
+thread per core (38 of the 53 s of a qwen3-8b seq-4096 step's compile), and the nightly's 24
+plans, one at a time on 2 cores, used 1.77 cores on average. Two side by side only contend:
+the same 24 plans took 2,997 CPU-seconds two at a time against 2,267 one at a time (26:45
+against 22:03 wall)."""
+
 
 def default_jobs() -> int:
-    """Plans side by side by default: one per core, as many as host memory holds at
-    `PLAN_PROCESS_BYTES` each (2 on a 2-core 24 GiB machine), at least 1."""
+    """Plans side by side by default: one per `COMPILE_CORES` cores, as many as host memory
+    holds at `PLAN_PROCESS_BYTES` each (1 on a 2-core 24 GiB machine), at least 1."""
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return max(1, min(os.cpu_count() or 1, memory // PLAN_PROCESS_BYTES))
+    cores = os.cpu_count() or 1
+    return max(1, min(cores // COMPILE_CORES, memory // PLAN_PROCESS_BYTES))
 
 
 def check(request: Request, *, jobs: int | None, save_hlo: bool) -> dict:

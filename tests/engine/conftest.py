@@ -1,3 +1,5 @@
+import tempfile
+
 import jax
 import optax
 import pytest
@@ -47,9 +49,10 @@ def traced_executions(engine, step_fn, steps=3) -> list[int]:
 
     step_fn()  # warm: anything lazily created on the first step is not counted
     engine.block()
-    with trace.capture() as directory:
-        for i in range(steps):
-            with jax.profiler.StepTraceAnnotation(STEP_ANNOTATION, step_num=i):
-                step_fn()
-                engine.block()
-    return [s.executions for s in trace.parse_steps(trace.find_xplane(directory))]
+    with tempfile.TemporaryDirectory(prefix="parity-test-trace-") as logdir:
+        with trace.capture(logdir) as directory:
+            for i in range(steps):
+                with jax.profiler.StepTraceAnnotation(STEP_ANNOTATION, step_num=i):
+                    step_fn()
+                    engine.block()
+        return [s.executions for s in trace.parse_steps(trace.find_xplane(directory))]

@@ -1,6 +1,7 @@
 """MaxText's real Qwen3: conversion, what it cannot express, what its rules cannot shard."""
 
 import os
+import subprocess
 import sys
 
 import jax
@@ -91,3 +92,26 @@ def test_missing_maxtext_is_one_import_error_naming_the_fix(monkeypatch):
     monkeypatch.delitem(sys.modules, "maxtext.configs.pyconfig", raising=False)
     with pytest.raises(ImportError, match=r"the maxtext arms need the `maxtext` package"):
         mq.to_maxtext(Decoder(get_preset("tiny", remat="full"), rngs=nnx.Rngs(0)))
+
+
+def _python(code: str, tmp) -> str:
+    """Runs `code` in a fresh interpreter whose temp dir is `tmp`; its stdout."""
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    return subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_run_roots_of_exited_processes_are_removed_even_without_exit_handlers(tmp_path):
+    # A zygote-forked cell worker leaves by os._exit: its directory outlives it ...
+    make = "from arms.models.maxtext_qwen3 import run_root; print(run_root())"
+    left = _python(f"{make}; import os, sys; sys.stdout.flush(); os._exit(0)", tmp_path)
+    assert os.path.isdir(left)
+    assert os.path.dirname(left) == str(tmp_path / f"parity-maxtext-{os.getuid()}")
+    live = os.path.join(os.path.dirname(left), str(os.getpid()))  # a running process's
+    os.makedirs(live)
+    # ... until the next process makes its own; a normal exit removes its own at once.
+    made = _python(make, tmp_path)
+    assert made != left
+    assert not os.path.exists(left)
+    assert not os.path.exists(made)
+    assert os.path.isdir(live)
