@@ -19,7 +19,6 @@ missing install raises one ImportError naming the fix, so only the maxtext arms 
 from __future__ import annotations
 
 import atexit
-import functools
 import math
 import os
 import shutil
@@ -67,7 +66,6 @@ def require_maxtext(*, engine: bool = False):
     return pyconfig, maxtext_utils, model_creation_utils
 
 
-@functools.cache
 def run_root() -> str:
     """This process's MaxText run directory (MaxText writes an empty `parity/checkpoints`
     there): `<temp dir>/parity-maxtext-<uid>/<pid>`, removed at exit. A cell worker forked by

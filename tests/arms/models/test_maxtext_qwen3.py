@@ -115,3 +115,19 @@ def test_run_roots_of_exited_processes_are_removed_even_without_exit_handlers(tm
     assert not os.path.exists(left)
     assert not os.path.exists(made)
     assert os.path.isdir(live)
+
+
+def test_a_forked_worker_makes_its_own_run_root(tmp_path):
+    # The zygote may have made one before forking the cell's worker: the worker's differs.
+    code = ("import os\n"
+            "from arms.models.maxtext_qwen3 import run_root\n"
+            "print(run_root(), flush=True)\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    print(run_root(), flush=True)\n"
+            "    os._exit(0)\n"
+            "os.waitpid(pid, 0)\n")
+    parent, child = _python(code, tmp_path).splitlines()
+    assert parent != child
+    assert os.path.dirname(parent) == os.path.dirname(child)
+    assert os.path.basename(child).isdigit()
