@@ -13,6 +13,7 @@ but not in its memory analysis).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +42,24 @@ class ArmPlan:
     takes the whole state."""
     compiler_options: dict[str, Any] | None = None
     """XLA options the trainer compiles its executables with (None: XLA's defaults)."""
+
+
+def bytes_per_device(tree) -> int:
+    """Bytes one device holds of `tree` (arrays, or shapes with shardings): each leaf's
+    shard, a leaf without a sharding (or replicated) whole."""
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        sharding = getattr(leaf, "sharding", None)
+        shape = sharding.shard_shape(leaf.shape) if sharding is not None else leaf.shape
+        total += math.prod(shape) * leaf.dtype.itemsize  # a PRNG key's too (key<fry>: 8)
+    return total
+
+
+def bytes_held(held: dict[str, tuple[str, ...]], state: dict[str, Any]) -> dict[str, int]:
+    """Executable -> the bytes one device holds of the parts of `state` that `held` names
+    for it (`ArmPlan.held`): what is in memory while it runs without being its arguments."""
+    return {name: sum(bytes_per_device(state[part]) for part in parts)
+            for name, parts in held.items()}
 
 
 def abstract_model(kind: str, spec: CellSpec, mesh: Mesh) -> nnx.Module:

@@ -161,6 +161,13 @@ class Arm(abc.ABC):
         """Calls of each executable per optimizer step (weights FLOPs per step)."""
         return dict.fromkeys(self.executables(), 1)
 
+    def held_bytes(self) -> dict[str, int]:
+        """Executable -> bytes per device of the train state that stays in device memory
+        while it runs without being one of its arguments (the optimizer moments during a
+        split fwd/bwd: the parts its `ArmPlan.held` names), read off the live arrays. Empty
+        for a step that takes the whole train state (the default)."""
+        return {}
+
     def about(self) -> str:
         """'<trainer> on <model>' in words, for the record and the report."""
         trainer = TRAINERS.get(self.trainer)

@@ -4,10 +4,11 @@ or fused (`train_step`: one executable per optimizer step)."""
 from __future__ import annotations
 
 import time
+from typing import ClassVar
 
 import jax
 
-from arms.abstract import ArmPlan, abstract_batch
+from arms.abstract import ArmPlan, abstract_batch, bytes_held
 from arms.base import Arm
 from engine import EngineConfig, TrainingEngine
 from engine.model import batch_sharding
@@ -16,6 +17,11 @@ from engine.model import batch_sharding
 class EngineArm(Arm):
     trainer = "engine"
     fused = False
+    HELD: ClassVar[dict[str, tuple[str, ...]]] = {
+        "fwd_bwd": ("opt_state",), "fwd_bwd_accumulate": ("opt_state",), "update": ("rest",)}
+    """The split protocol's executables -> the train state each leaves outside its
+    arguments: between micro-batches and during them the optimizer state waits in memory;
+    the update takes the whole train state but the model's non-Param state."""
 
     def _engine(self, model) -> TrainingEngine:
         spec = self.spec
@@ -47,10 +53,7 @@ class EngineArm(Arm):
             executables={name: k.lowered for name, k in engine.kernels.items()},
             calls_per_step={name: calls[name] for name in engine.kernels},
             state={**state, "accumulator": engine.abstract_accumulator()},
-            # Between micro-batches and during them the optimizer state waits in memory;
-            # the update takes the whole train state but the model's non-Param state.
-            held={"fwd_bwd": ("opt_state",), "fwd_bwd_accumulate": ("opt_state",),
-                  "update": ("rest",)})
+            held={name: self.HELD[name] for name in engine.kernels})
 
     def step(self, micro_batches):
         before = {name: k.calls for name, k in self.engine.kernels.items()}
@@ -74,6 +77,13 @@ class EngineArm(Arm):
 
     def executables(self):
         return {name: k.compiled for name, k in self.engine.kernels.items()}
+
+    def held_bytes(self) -> dict[str, int]:
+        if self.fused:
+            return {}
+        e = self.engine
+        state = {"params": e.params, "opt_state": e.opt_state, "rest": e.rest}
+        return bytes_held({name: self.HELD[name] for name in e.kernels}, state)
 
     def opt_state(self):
         return self.engine.opt_state

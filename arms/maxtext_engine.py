@@ -23,12 +23,13 @@ What is set from outside, and why:
 from __future__ import annotations
 
 import time
+from typing import ClassVar
 
 import jax
 import numpy as np
 from flax import nnx
 
-from arms.abstract import ArmPlan, abstract_batch
+from arms.abstract import ArmPlan, abstract_batch, bytes_held
 from arms.base import Arm
 from arms.workload import MicroBatch
 from engine.model import batch_sharding
@@ -60,6 +61,11 @@ def _tunix_loss(loss_fn, abstract_engine):
 
 class MaxTextEngineArm(Arm):
     trainer = "maxtext-engine"
+    HELD: ClassVar[dict[str, tuple[str, ...]]] = {
+        "fwd_bwd": ("opt_state",), "fwd_bwd_accum": ("opt_state",)}
+    """Its executables -> the train state each leaves outside its arguments: the fwd/bwd
+    kernels take the model's state (the optimizer's waits in memory); the update, the
+    whole train state."""
 
     def __init__(self, spec, model: str = "maxtext", **options):
         if model != "maxtext":
@@ -146,8 +152,7 @@ class MaxTextEngineArm(Arm):
             state={"params": nnx.state(engine.model, nnx.Param),
                    "opt_state": nnx.state(engine.optimizer),
                    "rest": nnx.state(engine.model, nnx.Not(nnx.Param)), "accumulator": grads},
-            # Its fwd/bwd kernels take the model's state; the update, the whole train state.
-            held={"fwd_bwd": ("opt_state",), "fwd_bwd_accum": ("opt_state",)})
+            held=self.HELD)
 
     def _reference_weights(self):
         from engine.model import build_decoder
@@ -173,6 +178,9 @@ class MaxTextEngineArm(Arm):
 
     def calls_per_step(self) -> dict[str, int]:
         return {"fwd_bwd": 1, "fwd_bwd_accum": self.spec.ga - 1, "update": 1}
+
+    def held_bytes(self) -> dict[str, int]:
+        return bytes_held(self.HELD, {"opt_state": nnx.state(self.engine.optimizer)})
 
     def opt_state(self):
         return self.engine.optimizer.opt_state

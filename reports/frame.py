@@ -147,6 +147,7 @@ def _cost_columns(r: Record, center) -> dict:
         "peak_bytes": memory and memory.peak_bytes_in_use,
         "peak_unavailable": memory and memory.peak_unavailable,
         "planned_bytes": memory and memory.planned_bytes,
+        "planned_unavailable": memory and memory.planned_unavailable,
         "rss_delta_bytes": memory and memory.rss_delta_bytes,
         "executables": memory.executables if memory else {},
         "calls_per_step": cost.calls_per_step if cost else {},

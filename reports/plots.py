@@ -213,13 +213,14 @@ def sweep(df: pd.DataFrame, path: Path) -> Path | None:
 
 
 def memory_bars(df: pd.DataFrame, path: Path) -> Path:
-    """Planned bytes (largest executable's argument + output - alias + temp) per shape and
-    arm, and the measured peak beside it where the backend reports one."""
+    """Planned peak bytes (over the executables a step calls, argument + output - alias +
+    temp and the train state held beside it) per shape and arm, and the measured peak
+    beside it where the backend reports one."""
     frame = by_shape(ok(df))
     colour = colours(df)
     arms = list(dict.fromkeys(frame["arm"]))
-    panels = [("planned_bytes", "Planned: largest executable (argument + output - alias + "
-                                "temp)")]
+    panels = [("planned_bytes", "Planned peak: an executable (argument + output - alias + "
+                                "temp) + the state held beside it")]
     if frame["peak_bytes"].notna().any():
         panels.append(("peak_bytes", "Measured: memory_stats peak_bytes_in_use"))
     fig, axes = plt.subplots(len(panels), 1, figsize=(WIDTH, 4.5 * len(panels)), squeeze=False)

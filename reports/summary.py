@@ -2,7 +2,8 @@
 
 What is decided comes first. Per shape:
 1. the exact comparisons against the baseline, each a ratio that needs no CI: bytes accessed
-   per step, planned peak (largest executable), program calls per step (the executables the
+   per step, planned peak (the most an executable of the step has in memory: its own
+   buffers and the train state held beside it), program calls per step (the executables the
    arm calls; a traced window's different count of device executions beside it), compiled
    FLOPs per model FLOP and, where `parity plan` planned the same shape, the target's
    planned peak, HBM and collective bytes per step;
@@ -42,7 +43,7 @@ from reports.work import different_work
 
 EXACT = [  # (column, header, format of one value)
     ("bytes_accessed_per_step", "bytes accessed/step", lambda v: f"{v / 2**20:.1f} MiB"),
-    ("planned_bytes", "planned peak (largest executable)", lambda v: f"{v / 2**20:.1f} MiB"),
+    ("planned_bytes", "planned peak (executable + held state)", lambda v: f"{v / 2**20:.1f} MiB"),
     ("executions_per_step", "program calls/step", lambda v: f"{v:.0f}"),
     ("flops_per_model_flop", "compiled/model FLOPs", lambda v: f"{v:.3f}"),
 ]

@@ -51,6 +51,11 @@ def markdown(header: Sequence[str], rows: Sequence[Sequence], *, group: int = 1,
     return "\n".join(lines)
 
 
+def _known(value) -> bool:
+    """A number that is there and not zero (a ratio's denominator)."""
+    return value is not None and not pd.isna(value) and bool(value)
+
+
 def _f(value, spec=".1f") -> str:
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return MISSING
@@ -270,17 +275,22 @@ def memory(df: pd.DataFrame, baseline_arm: str) -> str:
     frame = by_shape(ok(df))
     for _, r in frame.iterrows():
         base = same_shape(frame, r, baseline_arm)
+        known = not base.empty and _known(r["planned_bytes"])
         ratio = (f"{r['planned_bytes'] / base.iloc[0]['planned_bytes']:.2f}x"
-                 if not base.empty and r["planned_bytes"] and base.iloc[0]["planned_bytes"]
-                 else MISSING)
+                 if known and _known(base.iloc[0]["planned_bytes"]) else MISSING)
         rows.append((shape_label(r), r["arm"], _bytes(r["peak_bytes"]),
                      _bytes(r["planned_bytes"]), ratio, _bytes(r["rss_delta_bytes"])))
     why = next((w for w in frame.get("peak_unavailable", pd.Series(dtype=object)).dropna()),
                "the backend has no memory_stats")
-    return markdown(["shape", "arm", "peak measured (the cell process's since it started)",
-                     "planned (largest executable)", f"planned vs {baseline_arm}",
+    text = markdown(["shape", "arm", "peak measured (the cell process's since it started)",
+                     "planned peak (executable + held state)", f"planned vs {baseline_arm}",
                      "RSS high-water delta"], rows,
                     why={"peak measured (the cell process's since it started)": why})
+    unplanned = [f"- {shape_label(r)} {r['arm']}: {r['planned_unavailable']}"
+                 for _, r in frame.iterrows() if isinstance(r.get("planned_unavailable"), str)]
+    if unplanned:
+        text += "\n\nPlanned peak unavailable:\n" + "\n".join(unplanned)
+    return text
 
 
 def executables(df: pd.DataFrame) -> str:

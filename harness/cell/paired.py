@@ -98,9 +98,10 @@ def run_paired(runs: Sequence[CellRun], slices: int, phases: Phases,
         timing = timing_record(arm, run, spec, samples[k], pauses[k], recompiles[k],
                                compiles, build_s, noise, slices=[per_slice] * slices)
         executables = arm.executables()
-        planned = planned_memory(executables)
+        planned = planned_memory(executables, arm.held_bytes())
         records.append(Record(
-            about=arm.about(), timing=timing, memory=memory_section(planned, None, 0),
+            about=arm.about(), timing=timing,
+            memory=memory_section(planned, arm.calls_per_step(), None, 0),
             cost=cost_section(executables, arm.calls_per_step(), timing.stats.median_ms, spec),
             parity=parity_section(spec, captured, first_loss, arm.trainer_denominator())
             if run.parity else None))

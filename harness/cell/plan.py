@@ -33,7 +33,6 @@ import dataclasses
 import gzip
 import hashlib
 import json
-import math
 import os
 import resource
 import tempfile
@@ -125,17 +124,6 @@ def _peak_holders(dump: str, text: str,
         return None, str(err)
 
 
-def bytes_per_device(tree) -> int:
-    """Bytes one device holds of `tree` (shapes with shardings): each leaf's shard, a leaf
-    without a sharding (or replicated) whole."""
-    total = 0
-    for leaf in jax.tree.leaves(tree):
-        sharding = getattr(leaf, "sharding", None)
-        shape = sharding.shard_shape(leaf.shape) if sharding is not None else leaf.shape
-        total += math.prod(shape) * leaf.dtype.itemsize  # a PRNG key's too (key<fry>: 8)
-    return total
-
-
 def executable_plan(compiled: CompiledPlan, calls: int, held_bytes: int) -> ExecutablePlan:
     """One executable's memory analysis and HLO counts (one call, per device)."""
     from harness.xla import counts
@@ -168,12 +156,14 @@ def summarize(arm_plan, compiled: dict[str, CompiledPlan], *, target: dict,
               mesh: dict[str, int], model_flops: float) -> Plan:
     """The record's plan section from an arm's plan, its compiled executables and the
     target's description."""
+    from arms.abstract import bytes_held, bytes_per_device
     from harness.xla import categories
 
     resident = {part: bytes_per_device(tree) for part, tree in arm_plan.state.items()}
+    held = bytes_held(arm_plan.held, arm_plan.state)
     executables = {
         name: executable_plan(compiled[name], arm_plan.calls_per_step.get(name, 0),
-                              sum(resident[p] for p in arm_plan.held.get(name, ())))
+                              held.get(name, 0))
         for name in compiled}
     running = {n: e for n, e in executables.items() if e.calls_per_step}
     planned = {n: e.argument + e.output + e.temp - e.alias + e.held_bytes

@@ -49,7 +49,7 @@ def run_cell(run: CellRun, phases: Phases | None = None) -> Record:
     first_loss, captured = sections.warm_up(arm, batches, run)
     phases.end("warmup")
     executables = arm.executables()
-    planned = sections.planned_memory(executables)
+    planned = sections.planned_memory(executables, arm.held_bytes())
     reserved = sections.reserve_heap(planned)
     phases.end("memory")
     timing, rss_growth = sections.timed_window(arm, batches, run, spec, compiles, build_s)
@@ -66,7 +66,8 @@ def run_cell(run: CellRun, phases: Phases | None = None) -> Record:
         phases.end("reference")
     arm.close()
     return Record(about=arm.about(), timing=timing,
-                  memory=sections.memory_section(planned, rss_growth, reserved), cost=cost,
+                  memory=sections.memory_section(planned, arm.calls_per_step(), rss_growth,
+                                                 reserved), cost=cost,
                   trace=traced, parity=parity)
 
 

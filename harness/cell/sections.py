@@ -90,8 +90,19 @@ def timing_record(arm, run: CellRun, spec, samples: tuple[list, list, list], gc_
         slices=slices)
 
 
-def planned_memory(executables) -> dict[str, ExecutableMemory | None]:
-    return {name: measure_memory.executable_memory(c) for name, c in executables.items()}
+def planned_memory(executables, held: dict[str, int]) -> dict[str, ExecutableMemory | None]:
+    """Each executable's memory analysis, with the train state `held` beside it while it
+    runs (arms.base.Arm.held_bytes)."""
+    return {name: measure_memory.executable_memory(c, held.get(name, 0))
+            for name, c in executables.items()}
+
+
+def planned_peak(planned: dict[str, ExecutableMemory | None],
+                 calls: dict[str, int]) -> int | None:
+    """The most the step has in device memory by plan: the maximum, over the executables it
+    calls, of total + held (an executable it compiled but never calls adds nothing)."""
+    return max((m.total + m.held for name, m in planned.items() if m and calls.get(name)),
+               default=None)
 
 
 def reserve_heap(planned: dict[str, ExecutableMemory | None]) -> int:
@@ -107,9 +118,9 @@ def reserve_heap(planned: dict[str, ExecutableMemory | None]) -> int:
     return measure_memory.reserve_heap(measure_memory.RESERVE_PER_EXECUTION * fresh)
 
 
-def memory_section(planned, rss: int | None, reserved: int) -> Memory:
-    """Each executable's planned memory, the device peak and the timed window's RSS growth,
-    per host."""
+def memory_section(planned, calls: dict[str, int], rss: int | None, reserved: int) -> Memory:
+    """Each executable's planned memory (`calls` per step), the device peak and the timed
+    window's RSS growth, per host."""
     import jax
     import numpy as np
 
@@ -117,7 +128,9 @@ def memory_section(planned, rss: int | None, reserved: int) -> Memory:
     peak = max((p for p in per_device if p is not None), default=None)
     return Memory(peak_bytes_in_use=peak, peak_bytes_per_device=per_device,
                   peak_unavailable=why, executables=planned,
-                  planned_bytes=max((m.total for m in planned.values() if m), default=None),
+                  planned_bytes=planned_peak(planned, calls),
+                  planned_unavailable=(None if any(planned.values())
+                                       else "no executable has a memory analysis here"),
                   rss_delta_bytes=rss, hosts=per_host_memory(rss, peak, np),
                   heap_reserved_bytes=reserved)
 

@@ -101,8 +101,9 @@ def rss_high_water() -> Iterator[dict]:
         result["rss_delta_bytes"] = max(0, after - before) * 1024
 
 
-def executable_memory(compiled) -> ExecutableMemory | None:
-    """argument + output - alias + temp bytes of one compiled executable (per device)."""
+def executable_memory(compiled, held: int = 0) -> ExecutableMemory | None:
+    """argument + output - alias + temp bytes of one compiled executable (per device), and
+    the `held` bytes of train state in memory beside it while it runs."""
     try:
         analysis = compiled.memory_analysis()
     except Exception:  # backends without the analysis
@@ -113,7 +114,7 @@ def executable_memory(compiled) -> ExecutableMemory | None:
     alias, temp = analysis.alias_size_in_bytes, analysis.temp_size_in_bytes
     return ExecutableMemory(argument=argument, output=output, alias=alias, temp=temp,
                             total=argument + output - alias + temp,
-                            generated_code=analysis.generated_code_size_in_bytes)
+                            generated_code=analysis.generated_code_size_in_bytes, held=held)
 
 
 

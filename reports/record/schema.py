@@ -169,6 +169,10 @@ class ExecutableMemory:
     """argument + output - alias + temp."""
     generated_code: int | None = None
     """Size of the executable's generated code."""
+    held: int | None = None
+    """Train state in device memory while it runs without being one of its arguments (the
+    optimizer moments during a split fwd/bwd; arms.base.Arm.held_bytes); None in records
+    written before it was recorded (schema < 7)."""
 
 
 @_section
@@ -185,7 +189,9 @@ class Memory:
     it started; None where missing (`peak_unavailable` says why)."""
     executables: dict[str, ExecutableMemory | None]
     planned_bytes: int | None
-    """The largest executable's total."""
+    """The planned peak: the maximum, over the executables a step calls, of total + held
+    (what is in device memory while the executable runs), as a plan counts it; None where
+    no executable has a memory analysis."""
     rss_delta_bytes: int | None
     """Process RSS high-water growth over the timed window."""
     hosts: list[HostMemory] | None = None
@@ -194,6 +200,9 @@ class Memory:
     its own process); None in records written without it."""
     peak_unavailable: str | None = None
     """Why a device's peak is None (no memory_stats on the backend, or no peak key)."""
+    planned_unavailable: str | None = None
+    """Why planned_bytes is None (no memory analysis on the backend, or an older record
+    that did not count the state held beside an executable)."""
     heap_reserved_bytes: int | None = None
     """Host heap faulted in and freed again before the timed window, where glibc keeps freed
     memory (CPU cells; harness.measure.memory.reserve_heap). In the resident set, not in

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from reports.record.errors import RecordError
 
-SCHEMA = 6
+SCHEMA = 7
 """Version of the layout `to_json` writes. 1: the environment was `fingerprint`, the
 compiled cost `flops`, the step statistics `timing.summary`, the data digest
 `parity.data_fingerprint`, the executions `timing.executions_per_step_dispatched`.
@@ -21,7 +21,9 @@ were no model FLOPs, and the round lived only in the A/B tag. 3: there were no p
 `plan` section, no `run.plan_target`). 4: a plan had no roofline and did not name its
 compiler's build (`plan.roofline`, `plan.libtpu_build`). 5: the spec had no options of the
 tunix-grpo loss (`spec.loss_agg_mode`, `beta`, `epsilon`, `epsilon_high`, `epsilon_c`), and
-no trainer's denominator (`parity.trainer_denominator`)."""
+no trainer's denominator (`parity.trainer_denominator`). 6: a record's planned bytes were the
+largest executable's total, whichever the step called, without the train state held outside
+its arguments (`memory.executables[*].held`)."""
 
 
 def upgrade(data: dict, where: str = "record") -> dict:
@@ -29,10 +31,10 @@ def upgrade(data: dict, where: str = "record") -> dict:
     schema = data.get("schema")
     if schema == SCHEMA:
         return data
-    if schema in (3, 4, 5):  # 4, 5 and 6 only added fields (plans; roofline; loss options)
-        return dict(data, schema=SCHEMA)
+    if schema in (3, 4, 5, 6):  # 4-6 added fields (plans, roofline, loss options)
+        return _upgrade_6(dict(data, schema=SCHEMA))
     if schema == 2:
-        return _upgrade_2(data)
+        return _upgrade_6(_upgrade_2(data))
     if schema != 1:
         raise RecordError(f"{where}: not a parity record (schema {schema!r}, this version "
                           f"reads 1-{SCHEMA})")
@@ -54,7 +56,20 @@ def upgrade(data: dict, where: str = "record") -> dict:
     if data.get("parity"):
         parity = data["parity"] = dict(data["parity"])
         parity["data_digest"] = parity.pop("data_fingerprint")
-    return _upgrade_2(data)
+    return _upgrade_6(_upgrade_2(data))
+
+
+def _upgrade_6(data: dict) -> dict:
+    """Schema <= 6 -> 7. A step of one executable takes the whole train state as its
+    arguments, so its planned bytes read the same either way; a step of several (a split
+    fwd/bwd + update) left the state held outside an executable uncounted, so its planned
+    bytes are dropped as unknown rather than carried over silently low."""
+    memory = data.get("memory")
+    if memory and len(memory.get("executables") or {}) > 1:
+        data["memory"] = dict(memory, planned_bytes=None, planned_unavailable=(
+            "a record of schema < 7 of a step of several executables: the train state held "
+            "beside an executable was not counted"))
+    return data
 
 
 def _upgrade_2(data: dict) -> dict:

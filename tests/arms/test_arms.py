@@ -61,6 +61,26 @@ def test_ga4_ragged_engine_and_native_exact_peft_mean_of_means_off(devices):
         assert errors[name] > 1e-2, name  # MultiSteps: mean of per-micro-batch means
 
 
+def _bytes_on_one_device(tree) -> int:
+    return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree))
+
+
+def test_the_split_engine_holds_its_optimizer_state_beside_its_fwd_bwd(devices):
+    """While fwd/bwd runs, the optimizer state (Adam's two moments and the captured
+    gradient: over 2x the params) waits in memory outside its arguments; the update takes
+    the whole state but the model's non-Param state (none in our decoder). Counted again
+    here from the arrays' own shards on one device."""
+    spec = CellSpec(preset="tiny", seq=32, batch=16, ga=2, mesh="fsdp=8")
+    arm = make_arm("engine", spec)
+    arm.build()
+    arm.step(arm.place(spec.micro_batches()))
+    moments = _bytes_on_one_device(arm.engine.opt_state)
+    assert moments > 2 * _bytes_on_one_device(arm.engine.params) > 0
+    assert arm.held_bytes() == {"fwd_bwd": moments, "fwd_bwd_accumulate": moments, "update": 0}
+    arm.close()
+    assert make_arm("engine-fused", spec).held_bytes() == {}  # its step takes everything
+
+
 def test_unknown_arm_lists_the_valid_ones():
     with pytest.raises(ValueError, match="unknown arm 'tpu-magic'; valid arms: engine, ") as e:
         resolve("tpu-magic")

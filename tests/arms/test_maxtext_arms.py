@@ -81,6 +81,13 @@ def test_maxtext_engine_shards_its_model_on_fsdp_and_stays_exact(devices):
     leaves = jax.tree.leaves(nnx.state(arm.engine.model, nnx.Param))
     assert sum(not x.sharding.is_fully_replicated for x in leaves) >= 10
     assert dict(arm.mesh.shape)["fsdp"] == 8
+    # Beside its fwd/bwd kernels the optimizer's state waits in memory (Adam's moments and
+    # the captured gradient), counted again from the arrays' shards on one device.
+    held = sum(x.addressable_shards[0].data.nbytes
+               for x in jax.tree.leaves(nnx.state(arm.engine.optimizer)))
+    params = sum(x.addressable_shards[0].data.nbytes for x in leaves)
+    assert held > 2 * params > 0
+    assert arm.held_bytes() == {"fwd_bwd": held, "fwd_bwd_accum": held}
     _, ref_grad = exact_loss_and_gradient(build_decoder(spec.model_config()),
                                           spec.micro_batches(), spec.loss_fn())
     assert rel_l2(arm.captured_gradient(), ref_grad) <= EXACT

@@ -42,7 +42,7 @@ def test_a_cell_spec_with_ragged_counts_is_a_valid_spec_section():
     (lambda r: r["timing"]["stats"].update(cv="high"), "field 'timing.stats.cv': expected float"),
     (lambda r: r["run"].update(steps=True), "field 'run.steps': expected int"),
     (lambda r: r.update(colour="red"), "unknown field 'colour'"),
-    (lambda r: r.update(schema=99), "schema 99, this version reads 1-6"),
+    (lambda r: r.update(schema=99), "schema 99, this version reads 1-7"),
     # Records that pass the schema but that no writer produces (an impossible result).
     (lambda r: r.update(status="weird"), "field 'status': 'weird' is neither"),
     (lambda r: r.update(timing=None), "field 'timing': an ok record holds its timing"),
@@ -66,8 +66,27 @@ def test_schema_3_reads_as_a_record_that_is_not_a_plan():
     raw.pop("plan")
     raw["schema"] = 3
     record = Record.from_json(raw)
-    assert record.schema == SCHEMA == 6
+    assert record.schema == SCHEMA == 7
     assert record.plan is None and record.run.plan_target is None
+
+
+def test_schema_6_planned_bytes_of_a_step_of_several_executables_are_dropped_as_unknown():
+    """Before schema 7 a split step's planned bytes left out the state held beside its
+    fwd/bwd (they read low): they become unknown, with the reason; a step of one
+    executable, which takes the whole state, keeps its figure."""
+    lines = _v1_lines()
+    split = Record.from_json(lines[0]).to_json()  # the engine: fwd_bwd + update
+    single = Record.from_json(lines[1]).to_json()  # native: one step
+    for raw in (split, single):
+        raw["schema"] = 6
+        raw["memory"]["planned_bytes"] = 12345
+        for executable in raw["memory"]["executables"].values():
+            executable.pop("held")
+    assert len(split["memory"]["executables"]) == 2 and len(single["memory"]["executables"]) == 1
+    split, single = Record.from_json(split).memory, Record.from_json(single).memory
+    assert split.planned_bytes is None and "schema < 7" in split.planned_unavailable
+    assert single.planned_bytes == 12345 and single.planned_unavailable is None
+    assert split.executables["fwd_bwd"].held is None
 
 
 def test_schema_2_moves_the_ab_round_to_the_record():

@@ -1,11 +1,12 @@
-"""The cell's timed window (harness.cell.sections)."""
+"""The cell's timed window and planned peak (harness.cell.sections)."""
 
 import gc
 import weakref
 
 from harness.cell.phases import CompileCounter
-from harness.cell.sections import timed_window
+from harness.cell.sections import planned_peak, timed_window
 from harness.contract import CellRun
+from reports.record import ExecutableMemory
 
 
 def test_the_timed_window_starts_on_a_collected_heap(devices):
@@ -48,3 +49,19 @@ class _Cell:
     def __init__(self, cycle):
         self.cycle = cycle
         cycle.append(self)
+
+
+def _executable(total: int, held: int) -> ExecutableMemory:
+    return ExecutableMemory(argument=total, output=0, alias=0, temp=0, total=total, held=held)
+
+
+def test_the_planned_peak_counts_held_state_and_only_executables_the_step_calls():
+    """A split step's fwd/bwd (100 bytes) with the optimizer's 80 beside it outweighs its
+    update (150, the whole state as arguments); a kernel compiled but not called (MaxText's
+    accumulating one at GA 1) adds nothing, and neither does one with no memory analysis."""
+    planned = {"fwd_bwd": _executable(100, 80), "update": _executable(150, 0),
+               "fwd_bwd_accum": _executable(500, 80), "host": None}
+    calls = {"fwd_bwd": 1, "update": 1, "fwd_bwd_accum": 0, "host": 1}
+    assert planned_peak(planned, calls) == 180
+    assert planned_peak({"update": _executable(150, 0)}, {"update": 1}) == 150
+    assert planned_peak({"host": None}, {"host": 1}) is None

@@ -108,6 +108,12 @@ def test_an_arms_second_shape_loads_only_what_does_not_depend_on_the_shape(tmp_p
     update = ga1.cost.bytes_accessed_per_executable["update"]
     assert ga2.cost.bytes_accessed_per_executable["update"] == update
     assert ga2.memory.executables["update"] == ga1.memory.executables["update"]
+    # Its planned peak counts the optimizer state held beside its fwd/bwd kernels.
+    for record in (ga1, ga2):
+        memory = record.memory
+        assert memory.executables["fwd_bwd"].held > 0 == memory.executables["update"].held
+        assert memory.planned_bytes == max(m.total + m.held
+                                           for m in memory.executables.values())
 
 
 def _zygotes_of_this_process() -> list[int]:

@@ -183,10 +183,11 @@ def _cost(arm: str, preset: str, ga: int, bytes_scale: float) -> tuple[Cost, Mem
                          "collective_bytes": 0.0}}
     state = int(params * 12 / 8)
     executables = {n: ExecutableMemory(argument=state, output=state, alias=state,
-                                       temp=int(params / 2), total=state + int(params / 2))
+                                       temp=int(params / 2), total=state + int(params / 2),
+                                       held=0)
                    for n in names}
     memory = Memory(peak_bytes_in_use=int(state * 1.4), executables=executables,
-                    planned_bytes=max(m.total for m in executables.values()),
+                    planned_bytes=max(m.total + m.held for m in executables.values()),
                     rss_delta_bytes=2**20, peak_bytes_per_device=[int(state * 1.4)] * 8)
     return cost, memory, executions
 
