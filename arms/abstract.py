@@ -55,11 +55,11 @@ def bytes_per_device(tree) -> int:
     return total
 
 
-def bytes_held(held: dict[str, tuple[str, ...]], state: dict[str, Any]) -> dict[str, int]:
-    """Executable -> the bytes one device holds of the parts of `state` that `held` names
-    for it (`ArmPlan.held`): what is in memory while it runs without being its arguments."""
-    return {name: sum(bytes_per_device(state[part]) for part in parts)
-            for name, parts in held.items()}
+def bytes_held(held: dict[str, tuple[str, ...]], part_bytes: dict[str, int]) -> dict[str, int]:
+    """Executable -> the bytes one device holds of the train-state parts `held` names for it
+    (`ArmPlan.held`), from each part's bytes per device (`bytes_per_device`): what is in
+    memory while it runs without being one of its arguments."""
+    return {name: sum(part_bytes[part] for part in parts) for name, parts in held.items()}
 
 
 def abstract_model(kind: str, spec: CellSpec, mesh: Mesh) -> nnx.Module:

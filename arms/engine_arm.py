@@ -8,10 +8,15 @@ from typing import ClassVar
 
 import jax
 
-from arms.abstract import ArmPlan, abstract_batch, bytes_held
+from arms.abstract import ArmPlan, abstract_batch, bytes_held, bytes_per_device
 from arms.base import Arm
 from engine import EngineConfig, TrainingEngine
 from engine.model import batch_sharding
+
+
+def _train_state(engine: TrainingEngine) -> dict:
+    """The engine's train state by part, as `ArmPlan.state` names them."""
+    return {"params": engine.params, "opt_state": engine.opt_state, "rest": engine.rest}
 
 
 class EngineArm(Arm):
@@ -44,7 +49,7 @@ class EngineArm(Arm):
     def plan(self) -> ArmPlan:
         engine = self._engine(self.build_abstract_model())
         engine.compile(abstract_batch(self.spec, batch_sharding(self.mesh)), paths=self._paths)
-        state = {"params": engine.params, "opt_state": engine.opt_state, "rest": engine.rest}
+        state = _train_state(engine)
         if self.fused:
             return ArmPlan(executables={"train_step": engine.kernels["train_step"].lowered},
                            calls_per_step={"train_step": 1}, state=state)
@@ -53,7 +58,7 @@ class EngineArm(Arm):
             executables={name: k.lowered for name, k in engine.kernels.items()},
             calls_per_step={name: calls[name] for name in engine.kernels},
             state={**state, "accumulator": engine.abstract_accumulator()},
-            held={name: self.HELD[name] for name in engine.kernels})
+            held=self._held(engine))
 
     def step(self, micro_batches):
         before = {name: k.calls for name, k in self.engine.kernels.items()}
@@ -78,12 +83,15 @@ class EngineArm(Arm):
     def executables(self):
         return {name: k.compiled for name, k in self.engine.kernels.items()}
 
+    def _held(self, engine: TrainingEngine) -> dict[str, tuple[str, ...]]:
+        """`HELD` for the split kernels `engine` compiled."""
+        return {name: self.HELD[name] for name in engine.kernels}
+
     def held_bytes(self) -> dict[str, int]:
         if self.fused:
             return {}
-        e = self.engine
-        state = {"params": e.params, "opt_state": e.opt_state, "rest": e.rest}
-        return bytes_held({name: self.HELD[name] for name in e.kernels}, state)
+        return bytes_held(self._held(self.engine), {
+            part: bytes_per_device(tree) for part, tree in _train_state(self.engine).items()})
 
     def opt_state(self):
         return self.engine.opt_state

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from arms.abstract import ArmPlan, abstract_batch, bytes_held
+from arms.abstract import ArmPlan, abstract_batch, bytes_held, bytes_per_device
 from arms.base import Arm
 from arms.workload import MicroBatch
 from engine.model import batch_sharding
@@ -180,7 +180,8 @@ class MaxTextEngineArm(Arm):
         return {"fwd_bwd": 1, "fwd_bwd_accum": self.spec.ga - 1, "update": 1}
 
     def held_bytes(self) -> dict[str, int]:
-        return bytes_held(self.HELD, {"opt_state": nnx.state(self.engine.optimizer)})
+        optimizer = bytes_per_device(nnx.state(self.engine.optimizer))
+        return bytes_held(self.HELD, {"opt_state": optimizer})
 
     def opt_state(self):
         return self.engine.optimizer.opt_state

@@ -160,7 +160,7 @@ def summarize(arm_plan, compiled: dict[str, CompiledPlan], *, target: dict,
     from harness.xla import categories
 
     resident = {part: bytes_per_device(tree) for part, tree in arm_plan.state.items()}
-    held = bytes_held(arm_plan.held, arm_plan.state)
+    held = bytes_held(arm_plan.held, resident)
     executables = {
         name: executable_plan(compiled[name], arm_plan.calls_per_step.get(name, 0),
                               held.get(name, 0))
