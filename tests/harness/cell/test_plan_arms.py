@@ -58,6 +58,24 @@ def test_every_arm_plans_through_its_own_step(planned):
         assert all(e.held_bytes == 0 for e in records[arm].plan.executables.values())
 
 
+def test_tunix_qwen3_is_planned_with_its_tpu_activation_sharding(planned):
+    """Tunix's Qwen3 constrains its activations' batch dimension to the batch axes on a TPU
+    (on CPU it constrains nothing). Planned for TPU7x it is traced as on the TPU: FSDP over
+    the batch as our decoder under the same trainer, so the weights gathered and the
+    gradients reduce-scattered are the same bytes, and only scalars (loss, norms) are
+    all-reduced beyond the decoder's. Traced with Tunix's CPU rule instead, the batch is
+    replicated on every device and each layer's activations are all-reduced (at this shape:
+    2,320,948 all-reduced bytes a step against 693,658)."""
+    _, records = planned
+    tunix = records["peft-tunix"].plan.collective_bytes_per_step
+    decoder = records["peft-decoder"].plan.collective_bytes_per_step
+    for kind in ("all-gather", "reduce-scatter", "all-to-all"):
+        assert tunix[kind] == decoder[kind], kind
+    # One layer's activation of one row is 16 x 64 x 4 bytes here (4 KiB): above anything
+    # scalar reductions add (98 bytes at this shape).
+    assert abs(tunix["all-reduce"] - decoder["all-reduce"]) < 1024, (tunix, decoder)
+
+
 def test_the_report_has_a_plan_section_with_a_peak_chart(planned, tmp_path):
     out, records = planned
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "report", str(out), "-o",
