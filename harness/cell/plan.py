@@ -63,6 +63,8 @@ class CompiledPlan:
     dicts)."""
     peak_unavailable: str | None = None
     """Why `peak` is None."""
+    hlo_stage_s: float | None = None
+    """Of `compile_s`, the seconds until XLA wrote the buffer assignment (`hlo_stage_s`)."""
 
 
 def cache_key(lowered: jax.stages.Lowered, options: dict | None, target: dict) -> str:
@@ -94,15 +96,16 @@ def compile_for_plan(lowered: jax.stages.Lowered, options: dict | None, target: 
                                 cached=True, peak=stored["peak"],
                                 peak_unavailable=stored.get("peak_unavailable"))
     with tempfile.TemporaryDirectory(prefix="parity-dump-") as dump:
-        start = time.perf_counter()
+        began, start = time.time(), time.perf_counter()
         compiled = compile_plan(lowered, {**(options or {}), **peak.dump_options(dump)})
         seconds = time.perf_counter() - start
         analysis = compiled.memory_analysis()
         text = compiled.as_text()
         memory = {k: int(getattr(analysis, k)) for k in MEMORY}
         held, why = _peak_holders(dump, text, memory)
+        hlo_s = hlo_stage_s(dump, began, seconds)
     found = CompiledPlan(memory=memory, text=text, compile_s=seconds, cached=False,
-                         peak=held, peak_unavailable=why)
+                         peak=held, peak_unavailable=why, hlo_stage_s=hlo_s)
     if path is not None:  # whole, by rename: a concurrent reader sees it or nothing
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.partial")
@@ -112,6 +115,20 @@ def compile_for_plan(lowered: jax.stages.Lowered, options: dict | None, target: 
         ).encode(), compresslevel=3))
         partial.replace(path)
     return found
+
+
+def hlo_stage_s(dump: str, began: float, seconds: float) -> float | None:
+    """Seconds from `began` (wall clock) until XLA wrote the buffer-assignment dump under
+    `dump`: its HLO passes and buffer assignment, where every figure of a plan is fixed (the
+    optimized module, its memory analysis, what holds its peak). The rest of a compile's
+    `seconds` is code generation for the target (instruction scheduling, register
+    allocation, SparseCore code), which no figure reads but which is what fails when the
+    compiler cannot build the program. None without that dump."""
+    try:
+        written = peak.dumped(dump, peak.ASSIGNMENT_SUFFIX).stat().st_mtime
+    except (peak.Unavailable, OSError):
+        return None
+    return min(max(written - began, 0.0), seconds)
 
 
 def _peak_holders(dump: str, text: str,
@@ -141,7 +158,7 @@ def executable_plan(compiled: CompiledPlan, calls: int, held_bytes: int) -> Exec
         hbm_bytes=counted and counted.hbm_bytes, flops=counted and counted.flops,
         collective_bytes=counted and dict(counted.collective_bytes),
         trip_counts=counted.trip_counts if counted else [], unavailable=why,
-        compile_s=compiled.compile_s, cached=compiled.cached,
+        compile_s=compiled.compile_s, hlo_stage_s=compiled.hlo_stage_s, cached=compiled.cached,
         peak_buffers=compiled.peak or [], peak_unavailable=compiled.peak_unavailable)
 
 

@@ -63,7 +63,16 @@ def plan_line(record: Record) -> str:
     return (f"planned peak {_gib(p.planned_peak_bytes)} of {_gib(p.hbm_capacity_bytes)}"
             f"{fits} on {p.target}, resident {_gib(sum(p.resident_bytes.values()))}, HBM "
             f"{_gib(p.hbm_bytes_per_step)}/step, collectives {_gib(collectives)}/step, "
-            f"compiled in {p.compile_s:.0f} s")
+            f"compiled in {p.compile_s:.0f} s{_hlo_stage(p)}")
+
+
+def _hlo_stage(plan) -> str:
+    """" (HLO passes N s)": the compile's seconds until its figures were fixed, where every
+    executable compiled here says."""
+    stages = [e.hlo_stage_s for e in plan.executables.values() if not e.cached]
+    if not stages or any(s is None for s in stages):
+        return ""
+    return f" (HLO passes {sum(stages):.0f} s)"
 
 
 def cell_line(record: Record, earlier: list[Record] = ()) -> str:

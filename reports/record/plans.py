@@ -38,6 +38,10 @@ class ExecutablePlan:
     """Why hbm_bytes, flops and collective_bytes are None (a loop of unreadable length)."""
     compile_s: float = 0.0
     """Seconds XLA:TPU took to compile it here (0 when read from the plan cache)."""
+    hlo_stage_s: float | None = None
+    """Of `compile_s`, the seconds until XLA wrote its buffer assignment: the HLO passes,
+    where every figure of the plan is fixed; the rest is code generation for the target.
+    None when read from the plan cache (or from a record written before it was kept)."""
     cached: bool = False
     """Read back from the plan cache: the same program, compiler and target planned
     before (harness.cell.plan)."""

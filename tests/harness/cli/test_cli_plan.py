@@ -232,6 +232,11 @@ def test_a_plan_read_from_the_plan_cache_is_the_compiled_one(native_plans):
     assert not cold.executables["step"].cached and cold.compile_s > 0
     assert warm.executables["step"].cached and warm.compile_s == 0
     assert not forced.executables["step"].cached and forced.compile_s > 0
+    # A compile's HLO stage (until its buffer assignment is written) is part of it; a plan
+    # read back compiled nothing, so it has none.
+    for compiled in (cold, forced):
+        assert 0 < compiled.executables["step"].hlo_stage_s < compiled.compile_s
+    assert warm.executables["step"].hlo_stage_s is None
     for plan_ in (warm, forced):
         for field in ("planned_peak_bytes", "xla_peak_bytes", "resident_bytes",
                       "hbm_bytes_per_step", "flops_per_step", "collective_bytes_per_step",
