@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: parity test test-slow lint clean browser
+.PHONY: parity test test-slow test-py311 wheelhouse lint clean browser
 
 # libtpu (the TPU compiler: XLA's TPU7x plans without a chip) goes outside the import path,
 # into $(VENV)/libtpu: importable, it makes JAX look for TPU chips in every process.
@@ -64,9 +64,63 @@ browser:
 test-slow: $(STAMP)
 	$(PYTEST) -m slow --durations=10
 
+# The oldest supported stack (requirements-py311.lock: Python 3.11, jax 0.10.2, flax 0.12.8,
+# orbax 0.12.4), as a TPU v5e VM image brings it: each package installed without its
+# dependencies, the project on PYTHONPATH instead of installed, as on such a host
+# (docs/install.md). Every module is compiled by Python 3.11; then, within CI's time, the
+# tests of what moves with JAX, flax and orbax: the engine's optimizations and checkpoints,
+# every arm's exact gradient and Tunix's model and loss, the cell (its phases, its fit check,
+# a failing gradient check), the trace reader, a worker's end and the command line's run
+# path. Left out: tests needing MaxText (Python 3.12 only), the lock's libtpu (it cannot
+# compile for jax 0.10.2: plans) or the trace viewers, and the slow ones; `make test` runs
+# the rest, which reads records and files the same way on either stack.
+IS_311 := import sys; sys.exit(sys.version_info[:2] != (3, 11))
+PY311 ?= $(shell for p in python3.11 "$${PYENV_ROOT:-$$HOME/.pyenv}"/versions/3.11*/bin/python3.11 \
+        "$$(pyenv root 2>/dev/null)"/versions/3.11*/bin/python3.11; do \
+        "$$p" -c '$(IS_311)' 2>/dev/null && { echo "$$p"; break; }; done)
+VENV311 := .venv311
+STAMP311 := $(VENV311)/.installed
+PY311_TESTS := tests/engine/test_optimizations.py tests/engine/test_checkpoint.py tests/arms \
+	tests/harness/cell tests/harness/measure/test_trace.py \
+	tests/harness/orchestrator/test_spawn.py tests/harness/cli/test_cli.py
+PY311_LEFT_OUT := --ignore=tests/harness/cell/test_plan_arms.py -k "not tpu7x"
+
+$(STAMP311): requirements-py311.lock
+	@test -n "$(PY311)" || { echo "make: Python 3.11 not found; install it (e.g. 'pyenv \
+	install 3.11.7') or pass PY311=/path/to/python3.11" >&2; exit 1; }
+	rm -rf $(VENV311) && $(PY311) -m venv $(VENV311)
+	$(VENV311)/bin/python -m pip install -q --no-deps -r requirements-py311.lock
+	@touch $(STAMP311)
+
+test-py311: $(STAMP311)
+	$(VENV311)/bin/python -m compileall -q engine arms harness reports tests
+	PYTHONPATH=$(CURDIR) $(VENV311)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope \
+		-p no:cacheprovider -m "not slow and not maxtext" $(PY311_LEFT_OUT) --durations=10 \
+		$(PY311_TESTS)
+
+# The wheels an offline host lacks (docs/install.md, "An offline host with its own JAX"):
+# the runtime part of requirements-py311.lock less what the host has (HOST_HAS), binary
+# wheels for CPython HOST_PYTHON on manylinux x86_64, without dependencies.
+WHEELHOUSE ?= wheelhouse
+HOST_PYTHON ?= 3.11
+HOST_HAS ?= jax jaxlib libtpu numpy scipy ml_dtypes opt_einsum
+MANYLINUX := 2_28 2_27 2_24 2_17
+wheelhouse:
+	mkdir -p $(WHEELHOUSE)
+	python3 -c 'import re, sys; has = {re.sub("[-_.]+", "-", n).lower() for n in sys.argv[1:]}; \
+	  lines = open("requirements-py311.lock").read().split("# test only")[0].splitlines(); \
+	  keep = [l for l in lines if l.strip() and not l.startswith("#") \
+	          and re.sub("[-_.]+", "-", l.split("==")[0]).lower() not in has]; \
+	  print("\n".join(keep))' $(HOST_HAS) > $(WHEELHOUSE)/requirements.txt
+	python3 -m pip download -q --no-deps --only-binary=:all: --python-version $(HOST_PYTHON) \
+		--implementation cp $(MANYLINUX:%=--platform manylinux_%_x86_64) \
+		--platform manylinux2014_x86_64 -d $(WHEELHOUSE) \
+		-r $(WHEELHOUSE)/requirements.txt
+	@du -sh $(WHEELHOUSE)
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
 clean:
-	rm -rf $(VENV) .pytest_cache parity-out
+	rm -rf $(VENV) $(VENV311) .pytest_cache parity-out

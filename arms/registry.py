@@ -150,3 +150,15 @@ def preload(name: str) -> None:
         from arms.models.tunix_qwen3 import tunix_model
 
         tunix_model()
+
+
+def unavailable(name: str, found: dict[str, str | None] | None = None) -> str | None:
+    """Why arm `name` cannot run in this Python environment (one line naming each package,
+    the version found and the one needed: arms.requirements), or None where it can. A plugin
+    arm builds its own and is judged by its module's import."""
+    from arms.requirements import why_unavailable
+
+    trainer, model = resolve(name)
+    if model == PLUGIN:
+        return None
+    return why_unavailable(trainer, model, found)

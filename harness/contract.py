@@ -110,6 +110,23 @@ class CellRun:
     """Where a plan writes each executable's optimized HLO text (`<executable>.hlo.txt`)."""
     plan_cache: str | None = None
     """The plan cache directory (harness.cell.plan); None: every executable is compiled."""
+    plan_capture: bool = False
+    """Plan the program `parity run` builds, the gradient capture chained in front of the
+    optimizer (a parameter-sized float32 buffer more), instead of the trainer's own."""
+    fit_check: bool = True
+    """Before building anything, plan the cell's step for its device and refuse it there if
+    its planned peak exceeds what a device may use (harness.cell.fit): on an accelerator,
+    and on CPU where `fit_bytes` names a limit."""
+    fit_bytes: int | None = None
+    """The bytes one device may use, for the fit check; None: the device's own limit
+    (`memory_stats()['bytes_limit']`; the CPU backend states none, so no check there)."""
+
+
+CHECK_PENDING = "the check did not end"
+"""What a worker's record says of its gradient check (`Record.parity_not_checked`) while the
+check runs: the worker writes its measured record before the check and again after it, so a
+check that ends the process (killed at the timeout, out of host memory, a crash) leaves the
+measurements, and the parent replaces this with how the process ended."""
 
 
 def cell_hash(spec: dict) -> str:
@@ -120,9 +137,10 @@ def cell_hash(spec: dict) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def reference_file(directory: str, spec: dict) -> str:
-    """The file under REFERENCE_DIR holding the exact reference of `spec`."""
-    return f"{directory}/{cell_hash(spec)}.msgpack"
+def reference_file(directory: str, spec: dict, precision: str = "default") -> str:
+    """The file under REFERENCE_DIR holding the exact reference of `spec` computed at matmul
+    `precision` (JAX's names: "default", "highest")."""
+    return f"{directory}/{cell_hash(spec)}-{precision}.msgpack"
 
 
 def progress_file(out: str) -> str:

@@ -74,6 +74,7 @@ def _row(records: list[Record]) -> dict:
         **_timing_columns(r, timed, runs, center), **_cost_columns(r, center),
         **_parity_columns(parity), **_trace_columns(_first(records, "trace")),
         "parity_verdict": judge(r.arm, r.spec, parity),
+        "parity_not_checked": None if parity else _first(records, "parity_not_checked"),
     }
 
 

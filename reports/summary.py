@@ -26,10 +26,13 @@ from reports.tables import (
     ARM_VIEW,
     MISSING,
     by_shape,
+    failed,
     fails_parity,
     failure_message,
     markdown,
+    not_checked,
     not_comparable,
+    not_run,
     ok,
     recompiles,
     same_shape,
@@ -113,7 +116,7 @@ def exact(frame: pd.DataFrame, baseline_arm: str, plans: pd.DataFrame | None = N
 def _parity(row) -> str:
     verdict = verdict_of(row)
     if verdict is None:
-        return "not checked"
+        return not_checked(row)
     rel = "not finite" if verdict.rel_l2 is None else f"{verdict.rel_l2:.2e}"
     if verdict.passed:
         return f"PASS {rel}"
@@ -202,12 +205,14 @@ def _instability(frame: pd.DataFrame) -> str:
 
 
 def _failed(df: pd.DataFrame) -> str:
-    bad = by_shape(df[df["status"] != "ok"])
+    bad = by_shape(failed(df))
+    skipped = not_run(df)
     if bad.empty:
-        return "Failed cells: none."
+        return "Failed cells: none." + (f"\n\n{skipped}" if skipped else "")
     lines = [f"- {shape_label(r)} {r['arm']}: {r['error_reason']}: {failure_message(r, 120)}"
              for _, r in bad.iterrows()]
-    return "\n".join([f"**Failed cells: {len(bad)}** (not timed; details below)", *lines])
+    return "\n".join([f"**Failed cells: {len(bad)}** (not timed; details below)", *lines]) + (
+        f"\n\n{skipped}" if skipped else "")
 
 
 def summary(df: pd.DataFrame, baseline_arm: str, how: str = "",

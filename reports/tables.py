@@ -14,7 +14,7 @@ import pandas as pd
 
 from reports import stats
 from reports.parity import TOLERANCE_RULE, ParityVerdict
-from reports.record import ExecutableMemory
+from reports.record import UNAVAILABLE, ExecutableMemory
 from reports.viewers import viewer_commands
 from reports.work import different_work
 
@@ -213,9 +213,18 @@ def work_ratio(row) -> float | None:
 
 
 def parity_cell(row) -> str:
-    """'PASS', 'FAIL' or 'not checked'."""
+    """'PASS', 'FAIL' or 'not checked' (with why, where a check was asked for)."""
     verdict = verdict_of(row)
-    return verdict.status if verdict else "not checked"
+    return verdict.status if verdict else not_checked(row)
+
+
+def not_checked(row, limit: int = 120) -> str:
+    """'not checked', with why where the check was asked for and gave no verdict
+    (Record.parity_not_checked: 'not checked (oom: ...)')."""
+    why = row.get("parity_not_checked")
+    if not why or pd.isna(why):
+        return "not checked"
+    return "not checked (" + str(why)[:limit].replace("|", "\\|").replace("\n", " ") + ")"
 
 
 def _median_ci(r) -> str:
@@ -322,7 +331,7 @@ def parity(df: pd.DataFrame) -> str:
                      _f(r["loss"], ".6f"), _f(r["exact_loss"], ".6f"), _f(r["grad_l2"], ".5f"),
                      _f(r["rel_l2"], ".2e"),
                      f"{verdict.status}{': ' + verdict.cause if verdict.cause else ''}"
-                     if verdict else "not checked",
+                     if verdict else not_checked(r),
                      (r["data_digest"] or MISSING)[:12]))
     return markdown(["shape", "arm", "micro-batch denominators", "sum",
                      "trainer's denominator", "loss (trainer)",
@@ -382,8 +391,26 @@ def failure_message(row, limit: int = 200) -> str:
     return str(row["error_message"]).replace("|", "\\|").replace("\n", " ")[:limit]
 
 
+def failed(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of cells that failed to run or plan (not those not run here: `not_run`)."""
+    return df[(df["status"] != "ok") & (df["error_reason"] != UNAVAILABLE)]
+
+
+def not_run(df: pd.DataFrame) -> str:
+    """'Not run here: maxtext-engine (why), ...': the arms asked for that this environment
+    cannot run (reports.record.UNAVAILABLE), one entry per arm; '' when none."""
+    skipped = df[df["error_reason"] == UNAVAILABLE]
+    if skipped.empty:
+        return ""
+    why = dict(zip(skipped["arm"], skipped["error_message"], strict=True))
+    return ("**Not run here** (their packages cannot run in this environment; `parity arms` "
+            "lists what each needs): " + "; ".join(
+                f"{arm} ({message.removeprefix('not run here: ')})"
+                for arm, message in why.items()) + ".")
+
+
 def failures(df: pd.DataFrame) -> str:
-    bad = by_shape(df[df["status"] != "ok"])
+    bad = by_shape(failed(df))
     if bad.empty:
         return "No failed cells."
     rows = [(shape_label(r), r["arm"], r["error_reason"], failure_message(r))

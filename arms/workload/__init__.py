@@ -15,6 +15,7 @@ from arms.workload.losses import (
     forward,
 )
 from arms.workload.reference import (
+    exact_by_micro_batch,
     exact_gradient,
     exact_loss_and_gradient,
     global_norm,
@@ -25,6 +26,7 @@ from arms.workload.registry import LOSSES, get_loss
 
 __all__ = [
     "LOSSES", "ClippedPolicyGradient", "LossFn", "LossOutput", "MicroBatch", "TokenCrossEntropy",
-    "concatenate", "data_digest", "denominators", "exact_gradient", "exact_loss_and_gradient",
+    "concatenate", "data_digest", "denominators", "exact_by_micro_batch", "exact_gradient",
+    "exact_loss_and_gradient",
     "forward", "get_loss", "global_norm", "make_micro_batches", "max_rel_error", "rel_l2",
 ]

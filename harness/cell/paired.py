@@ -16,7 +16,7 @@ import socket
 from collections.abc import Sequence
 
 from harness.cell.phases import Phases, start_backend
-from harness.cell.reference import parity_section
+from harness.cell.reference import checked_parity
 from harness.cell.sections import (
     block,
     build_arm,
@@ -99,12 +99,14 @@ def run_paired(runs: Sequence[CellRun], slices: int, phases: Phases,
                                compiles, build_s, noise, slices=[per_slice] * slices)
         executables = arm.executables()
         planned = planned_memory(executables, arm.held_bytes())
+        parity, unchecked = (checked_parity(spec, captured, first_loss,
+                                            arm.trainer_denominator())
+                             if run.parity else (None, None))
         records.append(Record(
             about=arm.about(), timing=timing,
             memory=memory_section(planned, arm.calls_per_step(), None, 0),
             cost=cost_section(executables, arm.calls_per_step(), timing.stats.median_ms, spec),
-            parity=parity_section(spec, captured, first_loss, arm.trainer_denominator())
-            if run.parity else None))
+            parity=parity, parity_not_checked=unchecked))
     phases.end("cost")
     for _, arm, *_ in built:
         arm.close()

@@ -222,7 +222,7 @@ def plan_cell(run, phases) -> Record:
     devices = target.topology_devices(run.plan_target, run.plan_slices)
     described = target.describe(run.plan_target, run.plan_slices)
     phases.end("backend")
-    arm = make_arm(run.arm, spec, devices=devices, capture=False)
+    arm = make_arm(run.arm, spec, devices=devices, capture=run.plan_capture)
     mesh = {name: int(size) for name, size in arm.mesh.shape.items()}  # the cell's axes
     arm_plan = arm.plan()
     phases.end("build")

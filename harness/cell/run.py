@@ -1,32 +1,41 @@
 """Runs one cell in this process and returns its record.
 
-Order inside the cell: build + compile (timed apart) -> the first warmup step, whose captured
-gradient is kept for the parity check -> the other warmup steps -> the executables' planned
-memory, and on the CPU backend the host heap they will reuse faulted in
-(harness.measure.memory.reserve_heap) -> the untraced timed window (after a full garbage
-collection: per-step wall, dispatch and wait; GC pauses; RSS high-water) -> compiled cost of
-the executables -> an optional traced window (never the timed one) -> the exact reference
-gradient, computed last so its memory cannot pollute the measured peaks. Each phase is a
-small function (harness.cell.sections, harness.cell.reference) returning its section of the
-`reports.record.Record` the cell writes. A cell with a plan target is planned instead
-(harness.cell.plan).
+Order inside the cell: on an accelerator, the fit check (the step planned for the device
+from shapes alone; a cell that cannot fit is refused here, harness.cell.fit) -> build +
+compile (timed apart) -> the first warmup step, whose captured gradient is kept for the
+parity check -> the other warmup steps -> the executables' planned memory, and on the CPU
+backend the host heap they will reuse faulted in (harness.measure.memory.reserve_heap) ->
+the untraced timed window (after a full garbage collection: per-step wall, dispatch and
+wait; GC pauses; RSS high-water) -> compiled cost of the executables -> an optional traced
+window (never the timed one) -> the devices' peak memory -> the arm closed and its device
+buffers released -> the exact reference gradient, computed last so its memory cannot pollute
+the measured peaks, and guarded so that nothing it does loses what was measured
+(harness.cell.reference). Each phase is a small function (harness.cell.sections,
+harness.cell.reference) returning its section of the `reports.record.Record` the cell
+writes. A cell with a plan target is planned instead (harness.cell.plan).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import traceback
+from collections.abc import Callable
 
 from harness.cell import sections
+from harness.cell.fit import fit_cell
 from harness.cell.phases import Phases, start_backend
-from harness.cell.reference import parity_section
-from harness.contract import OOM_MARKERS, PEER_MARKERS, CellRun
+from harness.cell.reference import checked_parity
+from harness.contract import CHECK_PENDING, OOM_MARKERS, PEER_MARKERS, CellRun
 from reports.record import Failure, Record
 
 
-def run_cell(run: CellRun, phases: Phases | None = None) -> Record:
+def run_cell(run: CellRun, phases: Phases | None = None,
+             keep: Callable[[Record], None] | None = None) -> Record:
     """Measures one cell in this process: a script of phases, each filling its section and
-    ending its entry in `phases`."""
+    ending its entry in `phases`. `keep` is handed the measured record before the gradient
+    check runs (its `parity_not_checked` CHECK_PENDING), so a check that ends the process
+    leaves the measurements; the record returned is the same with the check's outcome."""
     phases = phases or Phases()
     for module in run.plugins:
         importlib.import_module(module)
@@ -43,7 +52,13 @@ def run_cell(run: CellRun, phases: Phases | None = None) -> Record:
     preload(run.arm)
     phases.end("imports")
     compiles = start_backend(phases)
-    arm, build_s = sections.build_arm(run.arm, spec)
+    fit, capture, unchecked = fit_cell(run, spec, compiles)
+    if fit is not None:
+        phases.end("fit")
+        if not fit.fits:
+            return fit.failure()
+    run = run if capture else dataclasses.replace(run, parity=False)
+    arm, build_s = sections.build_arm(run.arm, spec, capture)
     phases.end("build", less={"compile": arm.compile_seconds})
     batches = arm.place(spec.micro_batches(0))
     first_loss, captured = sections.warm_up(arm, batches, run)
@@ -57,18 +72,33 @@ def run_cell(run: CellRun, phases: Phases | None = None) -> Record:
     cost = sections.cost_section(executables, arm.calls_per_step(), timing.stats.median_ms,
                                  spec)
     phases.end("cost")
-    traced = parity = None
+    traced = None
     if run.trace:
         traced = sections.traced_window(arm, batches, run)
         phases.end("trace")
-    if run.parity:
-        parity = parity_section(spec, captured, first_loss, arm.trainer_denominator())
-        phases.end("reference")
+    # The device peak is read before the check, whose memory is not the arm's.
+    record = Record(about=arm.about(), timing=timing,
+                    memory=sections.memory_section(planned, arm.calls_per_step(), rss_growth,
+                                                   reserved), cost=cost,
+                    trace=traced, plan=fit and fit.plan, parity_not_checked=unchecked)
+    denominator = arm.trainer_denominator()
     arm.close()
-    return Record(about=arm.about(), timing=timing,
-                  memory=sections.memory_section(planned, arm.calls_per_step(), rss_growth,
-                                                 reserved), cost=cost,
-                  trace=traced, parity=parity)
+    del arm, batches, executables
+    if run.parity:
+        _check_parity(record, spec, (captured, first_loss, denominator), keep)
+        phases.end("reference")
+    return record
+
+
+def _check_parity(record: Record, spec, first_step: tuple, keep) -> None:
+    """The gradient check of a measured cell, once the arm's device buffers are released:
+    `keep` (when given) is handed the record first, as it stands while the check runs;
+    `first_step` is (captured gradient, loss, trainer's denominator) of the first step."""
+    sections.release_device_memory()
+    record.parity_not_checked = CHECK_PENDING
+    if keep is not None:
+        keep(record)
+    record.parity, record.parity_not_checked = checked_parity(spec, *first_step)
 
 
 def exception_failure(err: Exception, run: CellRun) -> Failure:

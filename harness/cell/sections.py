@@ -30,11 +30,13 @@ def block(out) -> None:
     jax.block_until_ready(out)
 
 
-def build_arm(name: str, spec):
-    """(built arm, build seconds): model, trainer and every executable a step runs."""
+def build_arm(name: str, spec, capture: bool = True):
+    """(built arm, build seconds): model, trainer and every executable a step runs; with
+    `capture` off, without the gradient capture in front of its optimizer (where the cell's
+    program fits only without it: harness.cell.fit)."""
     from arms.registry import make_arm
 
-    arm = make_arm(name, spec)
+    arm = make_arm(name, spec, **({} if capture else {"capture": False}))
     start = time.perf_counter()
     arm.build()
     return arm, time.perf_counter() - start
@@ -160,6 +162,24 @@ def per_host_memory(rss_delta, peak, np) -> list[HostMemory]:
     return [HostMemory(process=int(p), rss_delta_bytes=None if r < 0 else int(r) * 1024,
                        peak_bytes_in_use=None if k < 0 else int(k) * 1024)
             for p, r, k in mine]
+
+
+def release_device_memory() -> int:
+    """Frees the device buffers the measured arm left (its closed trainer's state, its
+    batches): garbage-collects what is no longer referenced, then deletes every array still
+    alive, which only a cache outside the arm's control (a jitted closure over the model)
+    can hold once the arm is gone. Returns the bytes deleted that way. What runs next (the
+    gradient check) starts from an empty device, as the check's memory is sized."""
+    import gc
+
+    import jax
+
+    gc.collect()
+    left = jax.live_arrays()
+    freed = sum(x.nbytes for x in left if not x.is_deleted())
+    for array in left:
+        array.delete()
+    return freed
 
 
 def traced_window(arm, batches, run: CellRun) -> Trace:

@@ -25,24 +25,43 @@ def main(argv: list[str] | None = None) -> int:
     spawned = os.environ.get(SPAWNED_AT)
     phases = Phases(float(spawned) if spawned else None, progress=progress_file(args.out))
     cells = json.loads(args.cell)
+    found: list[Environment] = []
+
+    def environment_once() -> Environment:
+        if not found:
+            found.append(_environment())
+        return found[0]
+
+    def keep(record: Record) -> None:  # the measured record, before its gradient check
+        record.environment, record.phases = environment_once(), dict(phases.seconds)
+        _write(args.out, record.to_json())
+
     if args.slices:
         records = _paired(cells, args.slices, phases, args.gate_fd)
     else:
-        records = [_single(cell_from_json(cells), phases)]
-    env = _environment()
+        records = [_single(cell_from_json(cells), phases, keep)]
+    env = environment_once()
     phases.end("record")
     for record in records:
         record.environment, record.phases = env, phases.seconds
     data = [r.to_json() for r in records]
-    with open(args.out, "w") as out:
-        json.dump(data if args.slices else data[0], out)
+    _write(args.out, data if args.slices else data[0])
     return 0 if all(record.ok for record in records) else 1
 
 
-def _single(run, phases: Phases) -> Record:
+def _write(path: str, data) -> None:
+    """`data` as JSON at `path`, whole (by rename): the parent reads the last whole record
+    written, whenever this process ends."""
+    partial = f"{path}.partial"
+    with open(partial, "w") as out:
+        json.dump(data, out)
+    os.replace(partial, path)
+
+
+def _single(run, phases: Phases, keep) -> Record:
     try:
         init_distributed(run)
-        return run_cell(run, phases)
+        return run_cell(run, phases, keep)
     except Exception as err:  # recorded, not raised: the grid goes on
         return Record(status="failed", error=exception_failure(err, run))
 

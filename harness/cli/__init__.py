@@ -13,10 +13,19 @@ import sys
 
 from harness.cli.command import Command, Parser
 from harness.cli.grid_commands import AB, Launch, Nightly, Plan, Run, SelftestError
-from harness.cli.stored import Compare, Env, Explain, Publish, Report, Selftest, Trace
+from harness.cli.stored import (
+    Arms,
+    Compare,
+    Env,
+    Explain,
+    Publish,
+    Report,
+    Selftest,
+    Trace,
+)
 from harness.cli.watch import Stopped
 
-COMMANDS: tuple[type[Command], ...] = (Selftest, Env, Run, Plan, Launch, Nightly, AB,
+COMMANDS: tuple[type[Command], ...] = (Selftest, Env, Arms, Run, Plan, Launch, Nightly, AB,
                                         Compare, Explain, Report, Publish, Trace)
 
 

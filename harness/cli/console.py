@@ -79,15 +79,19 @@ def cell_line(record: Record, earlier: list[Record] = ()) -> str:
     """The finished cell: timing, gradient parity as a verdict (a FAIL leads the line), and
     whether it does other work than the `earlier` records of its shape; a plan's figures."""
     name = cell_name(record.arm, record.spec) + (f" round {record.round}" if record.round else "")
+    if record.unavailable:
+        return f"skip   {name}: {record.error.message}"
     if not record.ok:
         return f"FAILED {name}: {record.error.reason}: {record.error.message}"
-    if record.plan is not None:
+    if record.is_plan:
         head = "ok    " if record.plan.fits is not False else "NO FIT"
         return f"{head} {name}: {plan_line(record)}"
     t = record.timing
     flag = "" if _status(record) == "ok" else f" [{_status(record)}: timing includes compilation]"
     verdict = parity_verdict(record)
-    parity = "parity not checked" if verdict is None else f"parity {verdict.text()}"
+    parity = (f"parity {verdict.text()}" if verdict is not None else
+              f"parity not checked ({record.parity_not_checked[:200]})"
+              if record.parity_not_checked else "parity not checked")
     head = "PARITY FAIL" if parity_failed(record) else "ok    "
     differ = other_work(record, list(earlier))
     tail = ("; its time is not comparable work" if parity_failed(record)
@@ -147,7 +151,8 @@ def table(records: list[Record]) -> str:
         s = r.spec
         cell = f"| {r.arm} | {s.preset} | {s.seq} | {s.batch} | {s.ga} "
         if not r.ok:
-            rows.append(f"{cell}| - | - | - | - | - | - | - | - | - | failed: {r.error.reason} |")
+            status = "not run here" if r.unavailable else f"failed: {r.error.reason}"
+            rows.append(f"{cell}| - | - | - | - | - | - | - | - | - | {status} |")
             continue
         t, p = r.timing, r.parity
         how = "(trace)" if r.trace and r.trace.executions_per_step else "(calls)"

@@ -43,6 +43,9 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", type=_csv(str), help="model preset(s)")
     parser.add_argument("--seq", type=_csv(int), help="sequence length(s)")
     parser.add_argument("--batch", type=_csv(int), help="global batch size(s) per step")
+    parser.add_argument("--micro-batch", type=_csv(int),
+                        help="rows per micro-batch instead of --batch: each cell's batch is "
+                             "this x its GA (the memory a step needs follows the micro-batch)")
     parser.add_argument("--ga", type=_csv(int), help="gradient-accumulation step(s)")
     parser.add_argument("--steps", type=int, help="timed steps per cell")
     parser.add_argument("--rounds", type=int,
@@ -76,6 +79,13 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, help="seconds before a cell is killed")
     parser.add_argument("--cpu-devices", type=int, help="emulate N CPU devices (CPU backend)")
     parser.add_argument("--no-parity", action="store_true", help="skip the exact-gradient check")
+    parser.add_argument("--no-fit-check", action="store_true",
+                        help="on an accelerator, build a cell without first planning its step "
+                             "for the device (by default a cell whose planned peak exceeds "
+                             "the device's memory is refused before it is built)")
+    parser.add_argument("--fit-gib", type=float,
+                        help="GiB one device may use, for the fit check (default: the "
+                             "device's own limit; on CPU, given, it turns the check on)")
     parser.add_argument("--plugin", action="append", help="module registering extra arms")
 
 
@@ -86,6 +96,7 @@ def request(args: argparse.Namespace, out: Path):
 
     explicit = {
         "arms": args.arms, "preset": args.preset, "seq": args.seq, "batch": args.batch,
+        "micro_batch": args.micro_batch,
         "ga": args.ga, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
         "dtype": DTYPES.get(args.dtype, args.dtype), "mesh": args.mesh, "loss": args.loss,
         "optimizer": args.optimizer, "ragged": args.ragged, "timeout_s": args.timeout,
@@ -94,6 +105,8 @@ def request(args: argparse.Namespace, out: Path):
         "trace_hlo": args.trace_hlo, "parity": False if args.no_parity else None,
         "loss_agg_mode": args.loss_agg_mode, "beta": args.beta, "epsilon": args.epsilon,
         "epsilon_high": args.epsilon_high, "epsilon_c": args.epsilon_c,
+        "fit_check": False if args.no_fit_check else None,
+        "fit_bytes": None if args.fit_gib is None else int(args.fit_gib * 2**30),
     }
     return Request(explicit=explicit, suite=args.suite, plugins=tuple(args.plugin or ()),
                    out=out)

@@ -96,7 +96,7 @@ class Run(Command):
             alongside=_selftest if args.selftest and not args.process_id else None,
             watch=Progress())
         parity_failed = [r for r in records if console.parity_failed(r)]
-        code = 0 if all(r.ok for r in records) and not (
+        code = 0 if all(r.ok or r.unavailable for r in records) and not (
             args.strict_parity and parity_failed) else 1
         if args.process_id:
             return code
@@ -143,6 +143,10 @@ class Plan(Command):
                                  "many as host memory holds at 8 GiB each: one compile keeps "
                                  "~2 cores busy); a plan's figures do not depend on it, only "
                                  "its compile seconds")
+        parser.add_argument("--capture", action="store_true",
+                            help="plan the program `parity run` builds, with the gradient "
+                                 "capture in front of the optimizer (a parameter-sized "
+                                 "float32 buffer more), not the trainer's own")
         parser.add_argument("--no-plan-cache", action="store_true",
                             help="compile every executable (default: a program planned "
                                  "before for the same target and versions is read back from "
@@ -157,7 +161,7 @@ class Plan(Command):
         options = plan_job.check(wanted, jobs=args.jobs, save_hlo=args.save_hlo)
         target = plan_job.describe_target(options, args.out, name=args.target,
                                  slices=args.target_slices, save_hlo=args.save_hlo,
-                                 cache=not args.no_plan_cache)
+                                 cache=not args.no_plan_cache, capture=args.capture)
         path, records = plan_job.plan(wanted, options, target, run_id=args.run_id,
                                       jobs=args.jobs, watch=Progress())
         print(console.plan_table(records))
@@ -266,11 +270,12 @@ class AB(Command):
         parser.add_argument("--no-fail", action="store_true",
                             help="exit 0 even when B is slower or costs more")
         parser.add_argument("--out", type=Path, default=Path("results/ab"), help="results dir")
-        parser.add_argument("--pairing", choices=[LOCKSTEP, PROCESSES], default=LOCKSTEP,
-                            help="lockstep (default): A's and B's processes of a round side "
-                                 "by side, their steps alternating in --slices slices (both "
-                                 "refs need a worker that speaks lockstep); processes: one "
-                                 "after the other")
+        parser.add_argument("--pairing", choices=[LOCKSTEP, PROCESSES],
+                            help="lockstep (the default on CPU): A's and B's processes of a "
+                                 "round side by side, their steps alternating in --slices "
+                                 "slices (both refs need a worker that speaks lockstep); "
+                                 "processes (the default on an accelerator, where one process "
+                                 "at a time holds the chip): one after the other")
         parser.add_argument("--slices", type=int,
                             help="lockstep: slices the timed steps are cut into (default 5)")
 

@@ -287,3 +287,19 @@ class Env(Command):
 
         print(json.dumps(cell_environment(args.cpu_devices)[1], indent=1))
         return 0
+
+
+class Arms(Command):
+    name = "arms"
+    help = "list the arms and whether each can run in this Python environment"
+    description = ("Lists every named arm (trainer on model) and whether this environment "
+                   "can run it; for one that cannot, the packages it needs, the versions "
+                   "found and the ones needed. Any TRAINER:MODEL pair is judged the same way "
+                   "by `parity run`.")
+
+    @classmethod
+    def run(cls, args):
+        from harness.jobs.grid import arm_table
+
+        print(arm_table())
+        return 0

@@ -73,8 +73,10 @@ class Progress:
 
         from harness.cli import console
 
-        print(f"parity: {len(grid.cells)} cells {grid.where}, results -> {grid.out.root}",
-              flush=True)
+        unrun = len(grid.unrun)
+        print(f"parity: {len(grid.cells)} cells {grid.where}"
+              + (f" ({unrun} more not run here: their arms cannot run in this environment)"
+                 if unrun else "") + f", results -> {grid.out.root}", flush=True)
         done = grid.recorded()
         if done:
             print(f"parity: resuming run {grid.run_id}: {done} cells are recorded in "

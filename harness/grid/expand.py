@@ -14,7 +14,8 @@ from arms.spec import CellSpec
 from engine.model import check_fits, parse_mesh_spec
 from harness.contract import CellRun
 
-RUN_KEYS = ("steps", "warmup", "trace", "trace_steps", "trace_hlo", "parity")
+RUN_KEYS = ("steps", "warmup", "trace", "trace_steps", "trace_hlo", "parity", "fit_check",
+            "fit_bytes")
 """Options of how a cell runs (CellRun fields)."""
 GRID_KEYS = ("preset", "seq", "batch", "ga")
 """The options a grid may give several values of: one cell per combination."""
@@ -40,9 +41,11 @@ def _as_list(value) -> list:
 def expand(options: dict[str, Any], *, mesh_sizes: dict[str, int] | None = None) -> list[CellRun]:
     """Every (arm x preset x seq x batch x ga) cell, validated before anything runs.
 
-    `options` holds CellSpec fields (grid keys may be lists), run options, `arms` and
-    `ragged` (a list of counts, or a mapping GA -> counts). Raises one ValueError naming
-    the fix on the first bad cell.
+    `options` holds CellSpec fields (grid keys may be lists), run options, `arms`, `ragged`
+    (a list of counts, or a mapping GA -> counts) and, instead of `batch`, `micro_batch`:
+    rows per micro-batch (a number, a list, or a table by seq, whose entries may be tables
+    by GA), each cell's batch then micro_batch x its GA. Raises one ValueError naming the
+    fix on the first bad cell.
     """
     arms = _as_list(options.get("arms") or [])
     if not arms:
@@ -54,12 +57,21 @@ def expand(options: dict[str, Any], *, mesh_sizes: dict[str, int] | None = None)
              and k != "ragged" and v is not None}
     run_options = {k: options[k] for k in RUN_KEYS if options.get(k) is not None}
     cells = []
+    micro = options.get("micro_batch")
+    if micro is not None and options.get("batch") is not None:
+        raise ValueError("give the batch as --batch (rows per step) or --micro-batch (rows "
+                         "per micro-batch), not both")
     grid = [_as_list(options.get(k, CellSpec.__dataclass_fields__[k].default))
             for k in GRID_KEYS]
+    if micro is not None:
+        grid[GRID_KEYS.index("batch")] = [None]
     for key, values in zip(GRID_KEYS, grid, strict=True):
         _check_no_repeats(key, values)
     _check_ragged_applies(options.get("ragged"), grid[GRID_KEYS.index("ga")])
-    for preset, seq, batch, ga in itertools.product(*grid):
+    shapes = [(preset, seq, rows * int(ga) if micro else batch, ga)
+              for preset, seq, batch, ga in itertools.product(*grid)
+              for rows in (_rows(micro, seq, ga) if micro else [None])]
+    for preset, seq, batch, ga in shapes:
         ragged = options.get("ragged")
         if isinstance(ragged, dict):
             ragged = ragged.get(str(ga), ragged.get(ga))
@@ -77,6 +89,27 @@ def expand(options: dict[str, Any], *, mesh_sizes: dict[str, int] | None = None)
             check_model(resolve(arm)[1], spec)  # e.g. what MaxText's Qwen3 cannot express
             cells.append(CellRun(arm=arm, spec=spec.to_dict(), **run_options))
     return cells
+
+
+def _rows(micro, seq, ga) -> list[int]:
+    """The micro-batch sizes of cells of length `seq` at `ga`: `micro` itself (one, or a
+    list), or, where it is a table by sequence length ({"1024": 2, "4096": 1}: the most rows
+    that fit a device differ with the length), its entry for `seq`, which may in turn be a
+    table by GA ({"1": 2, "4": 1}: a step that scans its micro-batches holds more). An empty
+    list is no cell at that shape (nothing fits it)."""
+    for key, name in ((seq, "seq"), (ga, "ga")):
+        if isinstance(micro, dict):
+            found = micro.get(str(key), micro.get(key))
+            if found is None:
+                raise ValueError(f"micro_batch gives rows for {name} "
+                                 f"{', '.join(map(str, micro))} but not for {name} {key}; "
+                                 f"give one for every {name} of the grid")
+            micro = found
+    rows = [int(r) for r in _as_list(micro)]
+    _check_no_repeats("micro-batch", rows)
+    if any(r < 1 for r in rows):
+        raise ValueError(f"--micro-batch {','.join(map(str, rows))}: give at least 1 row")
+    return rows
 
 
 def _check_ragged_applies(ragged, gas: list) -> None:

@@ -12,7 +12,7 @@ from harness.grid.expand import RUN_KEYS, SPEC_KEYS
 from reports import stats
 
 SUITE_ONLY_KEYS = ("description", "arms", "timeout_s", "ragged", "regression_threshold",
-                   "cpu_devices", "rounds", "target", "target_slices")
+                   "cpu_devices", "rounds", "target", "target_slices", "micro_batch")
 """Keys a suite may set beside the spec's and the run's."""
 
 MULTI_PROCESS_MESH = "fsdp=-1"
@@ -43,6 +43,9 @@ def merge(explicit: dict[str, Any], *, suite: str | None = None,
 
     options = dict(defaults or {})
     options.update(load_suite(suite) if suite else {})
+    for given, other in (("batch", "micro_batch"), ("micro_batch", "batch")):
+        if explicit.get(given) is not None:  # the one given replaces the suite's other
+            options.pop(other, None)
     options.update({k: v for k, v in explicit.items() if v is not None})
     if explicit.get("trace") is None and (explicit.get("trace_hlo") or (
             options.get("trace_hlo") and "trace" not in options)):
@@ -57,6 +60,9 @@ def check(options: dict[str, Any]) -> None:
         value = options.get(key)
         if value is not None and value < 1:
             raise ValueError(f"{flag} {value}: give at least 1{_WHY.get(key, '')}")
+    fit = options.get("fit_bytes")
+    if fit is not None and not fit > 0:
+        raise ValueError(f"--fit-gib {fit / 2**30:g}: give the GiB one device may use (> 0)")
     timeout = options.get("timeout_s")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"--timeout {timeout}: give the seconds a cell may run (> 0)")

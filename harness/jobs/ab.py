@@ -57,6 +57,37 @@ class ABResult:
         return bool(regressions(self.rows))
 
 
+def pairing_for(environment: dict, asked: str | None) -> str:
+    """The A/B's pairing on the backend of `environment` (harness.orchestrator.environment):
+    `asked`, else lockstep on the CPU and A's and B's processes one after the other on an
+    accelerator, where one process at a time holds the chips (a TPU's runtime takes them
+    whole). Lockstep asked for on an accelerator is refused (ValueError)."""
+    backend = environment.get("backend")
+    if asked == LOCKSTEP and backend != "cpu":
+        raise ValueError(f"--pairing {LOCKSTEP} runs A's and B's processes side by side, and "
+                         f"on this {backend} host one process at a time holds the "
+                         f"accelerator; use --pairing {PROCESSES} (the default here)")
+    return asked or (LOCKSTEP if backend == "cpu" else PROCESSES)
+
+
+def precheck(options: dict, pairing: str | None, slices: int) -> None:
+    """`check` before anything runs: of `pairing`, or where it is left to the backend
+    (None), of whichever pairing it turns out to be when the values suit neither (they are
+    refused as lockstep's, the CPU's default); values that suit one are judged once the
+    device probe has said which (`pairing_for`)."""
+    if pairing is not None:
+        check(options, pairing, slices)
+        return
+    failures = []
+    for candidate in (LOCKSTEP, PROCESSES):
+        try:
+            check(options, candidate, slices)
+        except ValueError as err:
+            failures.append(err)
+    if len(failures) == 2:
+        raise failures[0]
+
+
 def check(options: dict, pairing: str, slices: int) -> None:
     """The A/B's rounds and slicing, before anything runs (harness.grid.options)."""
     grid_options.check_ab_rounds(options["rounds"], pairing, slices)
@@ -64,21 +95,24 @@ def check(options: dict, pairing: str, slices: int) -> None:
         grid_options.check_slices(slices, options["steps"])
 
 
-def ab(ref_a: str, ref_b: str, request: Request, options: dict, *, pairing: str = LOCKSTEP,
-       slices: int = SLICES, allow_dirty: bool = False, min_effect: float = stats.MIN_EFFECT,
-       watch: Watch = quiet) -> ABResult:
+def ab(ref_a: str, ref_b: str, request: Request, options: dict, *,
+       pairing: str | None = None, slices: int = SLICES, allow_dirty: bool = False,
+       min_effect: float = stats.MIN_EFFECT, watch: Watch = quiet) -> ABResult:
     """Runs each cell of `options` from both refs, `rounds` times (schedule's order), A and
-    B of a round side by side in lockstep or back to back; the rounds (and, in lockstep,
-    the slices inside them) are then compared as pairs. Bad input fails before any process
-    but git's: the rounds and slicing, a repository that is not a checkout, an unknown ref,
-    a ref naming a HEAD with uncommitted changes (unless `allow_dirty`); a ref whose worker
+    B of a round side by side in lockstep or back to back (`pairing`; None: `pairing_for`
+    the backend); the rounds (and, in lockstep, the slices inside them) are then compared
+    as pairs. Bad input fails before any process but git's and the device probe: a
+    repository that is not a checkout, an unknown ref, a ref naming a HEAD with uncommitted
+    changes (unless `allow_dirty`), the pairing, rounds and slicing; a ref whose worker
     cannot time in lockstep is refused once checked out. Records go to OUT/<ab id>-A.jsonl
     and -B.jsonl."""
-    check(options, pairing, slices)
+    precheck(options, pairing, slices)
     check_repo()
     shas = {"A": resolve(ref_a), "B": resolve(ref_b)}
     check_clean([ref_a, ref_b], allow_dirty=allow_dirty)
     grid = Grid(request, options)
+    pairing = pairing_for(grid.environment, pairing)
+    check(options, pairing, slices)
     ab_id = new_run_id("ab-")
     with tempfile.TemporaryDirectory(prefix="parity-ab-") as tmp, \
             REAPER.watch("path", path=tmp), checked_out(shas, Path(tmp)) as refs:

@@ -60,6 +60,7 @@ def check(request: Request, processes: int = 1, defaults: dict | None = None) ->
     for module in request.plugins:
         _import_plugin(module)
     options = grid_options.merge(request.explicit, suite=request.suite, defaults=defaults)
+    options = set_aside_unavailable(options, named=request.explicit.get("arms") or ())
     if processes > 1 and not options.get("mesh"):
         options["mesh"] = grid_options.MULTI_PROCESS_MESH
     grid_options.check(options)
@@ -68,6 +69,42 @@ def check(request: Request, processes: int = 1, defaults: dict | None = None) ->
     if options.get("trace"):
         results.check_writable(OutDir(request.out).traces, "--trace: the traces directory")
     return options
+
+
+def set_aside_unavailable(options: dict, named=(), found: dict | None = None) -> dict:
+    """`options` with the arms this environment cannot run (arms.registry.unavailable) moved
+    from "arms" to "unavailable" (arm -> why), where a suite or the default named them;
+    ValueError, one line naming the packages, for one the command line named (`named`).
+    `found`: the package versions to judge by (default: this environment's)."""
+    from arms.registry import resolve, unavailable
+
+    arms = list(options.get("arms") or [])
+    for arm in arms:
+        resolve(arm)  # an unknown arm is refused as unknown, first
+    why = {arm: reason for arm in arms if (reason := unavailable(arm, found))}
+    refused = [arm for arm in named if arm in why]
+    if refused:
+        arm = refused[0]
+        raise ValueError(f"arm {arm} cannot run in this environment: {why[arm]} (`parity "
+                         "arms` lists the arms and what each needs)")
+    if why and len(why) == len(arms):
+        raise ValueError("no arm of the grid can run in this environment: " + "; ".join(
+            f"{arm}: {reason}" for arm, reason in why.items()))
+    if not why:
+        return options
+    return {**options, "arms": [a for a in arms if a not in why], "unavailable": why}
+
+
+def arm_table(found: dict | None = None) -> str:
+    """`parity arms`: every named arm, what it is, and whether it runs here (or why not)."""
+    from arms.registry import MODELS, NAMED_ARMS, TRAINERS, unavailable
+
+    rows = ["| arm | trainer | model | runs here |", "|---|---|---|---|"]
+    for arm, (trainer, model) in NAMED_ARMS.items():
+        why = unavailable(arm, found)
+        rows.append(f"| {arm} | {TRAINERS[trainer].about} | {MODELS[model]} | "
+                    f"{'no: ' + why if why else 'yes'} |")
+    return "\n".join(rows)
 
 
 class Grid:
@@ -93,12 +130,18 @@ class Grid:
             available = {"target": target["target"], "device_count": target["device_count"]}
             planned = {"plan_target": target["target"], "plan_slices": target["slices"],
                        "plan_libtpu": target["libtpu"], "trace": False, "parity": False,
-                       "plan_cache": target.get("plan_cache")}
+                       "plan_cache": target.get("plan_cache"),
+                       "plan_capture": bool(target.get("capture"))}
         # Absolute: cells may run elsewhere (an A/B worktree) and records outlive the cwd.
         trace_dir = str(self.out.traces.absolute()) if self.options.get("trace") else None
         self.cells = [dataclasses.replace(c, trace_dir=trace_dir, plugins=request.plugins,
                                           **planned)
                       for c in expand(self.options, mesh_sizes=available)]
+        skipped = self.options.get("unavailable") or {}
+        self.unrun = [(c, skipped[c.arm]) for c in expand(
+            {**self.options, "arms": list(skipped)}, mesh_sizes=available)] if skipped else []
+        """The cells of the arms this environment cannot run, and why (not run: recorded
+        as `unavailable`)."""
         if target is not None and target.get("save_hlo"):
             self.cells = [dataclasses.replace(c, plan_hlo_dir=str(
                 (self.out.hlo / cell_path(self.run_id, c.arm, c.spec)).absolute()))

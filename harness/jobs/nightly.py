@@ -107,7 +107,7 @@ def evaluate(new: list[Record], history_dir: Path, *, threshold: float,
         text += _what_changed(row)
     (report_dir / "nightly.md").write_text(text)
     code = EXIT_REGRESSION if regressed else EXIT_OK
-    if not new or any(not r.ok for r in new):
+    if not new or any(not r.ok and not r.unavailable for r in new):
         code = EXIT_BROKEN
     if publish_to is not None:
         try:

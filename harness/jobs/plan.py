@@ -55,7 +55,7 @@ def check(request: Request, *, jobs: int | None, save_hlo: bool) -> dict:
 
 def describe_target(options: dict, out: Path, *, name: str | None = None,
                     slices: int | None = None, save_hlo: bool = False,
-                    cache: bool = True) -> dict:
+                    cache: bool = True, capture: bool = False) -> dict:
     """The target the cells are planned for (harness.xla.target.probe: libtpu loaded in a
     process of its own), as the grid needs it: the topology named, else the suite's, else
     TPU7X; the plan cache under `out`; whether each executable's HLO is saved."""
@@ -63,6 +63,7 @@ def describe_target(options: dict, out: Path, *, name: str | None = None,
     slices = slices if slices is not None else options.get("target_slices") or 1
     described = tpu.probe(name, slices)
     described["save_hlo"] = save_hlo
+    described["capture"] = capture
     if cache:
         described["plan_cache"] = str(OutDir(out).plan_cache.absolute())
     return described
@@ -76,7 +77,8 @@ def plan(request: Request, options: dict, target: dict, *, run_id: str | None = 
     grid = Grid(request, options, run_id=run_id, target=target)
     jobs = jobs if jobs is not None else default_jobs()
     env = {**grid.env, tpu.MULTIPLE_LOAD_ENV: "1"} if jobs > 1 else grid.env
-    with watch(grid, len(grid.cells) - grid.recorded()) as (on_start, on_record):
+    with watch(grid, len(grid.cells) + len(grid.unrun) - grid.recorded()) as (on_start,
+                                                                               on_record):
         return run_job.run_cells(grid, jobs=jobs, env=env, on_start=on_start,
                                  on_record=on_record)
 
@@ -89,4 +91,5 @@ def failing(records: list[Record]) -> list[str]:
             + (f"{r.error.reason}: {r.error.message[:300]}" if not r.ok else
                f"planned peak {r.plan.planned_peak_bytes / 2**30:.2f} GiB > "
                f"{r.plan.hbm_capacity_bytes / 2**30:.2f} GiB available")
-            for r in records if not r.ok or r.plan.fits is False]
+            for r in records if (not r.ok and not r.unavailable)
+            or (r.ok and r.plan.fits is False)]

@@ -10,7 +10,7 @@ from pathlib import Path
 from harness.contract import IN_PROCESS, PROCESSES, CellRun
 from harness.grid import options as grid_options
 from harness.jobs.grid import Grid, OnRecord, OnStart, Request, Watch, quiet, traced
-from harness.orchestrator.executors import CellProcesses, PairedProcesses, groups
+from harness.orchestrator.executors import CellProcesses, NotRun, PairedProcesses, groups
 from harness.orchestrator.loop import Sink, Slot, run_tasks, schedule
 from harness.store.layout import OutDir, RunStore, new_run_id
 from reports.record import Record
@@ -21,7 +21,8 @@ def run_grid(cells: Sequence[CellRun], out: str | Path, *, env: dict[str, str],
              suite: str | None = None, environment: dict | None = None,
              distributed: dict | None = None, alongside: Callable[[], None] | None = None,
              jobs: int = 1, prefork: bool = True, on_start: OnStart | None = None,
-             on_record: OnRecord | None = None) -> tuple[Path, list[Record]]:
+             on_record: OnRecord | None = None,
+             unrun: Sequence[tuple[CellRun, str]] = ()) -> tuple[Path, list[Record]]:
     """(results path, new records): every cell `rounds` times, interleaved
     (harness.orchestrator.loop.schedule), each in a process of its own, forked from its
     arm's zygote where `prefork`; records appended to OUT/<run id>[-<suite>].jsonl as they
@@ -30,7 +31,8 @@ def run_grid(cells: Sequence[CellRun], out: str | Path, *, env: dict[str, str],
     `distributed` this is one process of a multi-process run (only process 0 writes);
     `alongside` runs while the zygotes import (`--selftest`); `jobs` > 1 plans that many
     cells side by side (plans only: a timed cell's figures would measure the other cells
-    too)."""
+    too). The `unrun` cells (an arm this environment cannot run, and why) are recorded first,
+    once each, as not run (no process)."""
     if jobs > 1 and not all(c.plan_target for c in cells):
         raise ValueError(f"--jobs {jobs}: only plans run side by side; a timed cell runs "
                          "alone (its figures would measure the other cells too)")
@@ -41,11 +43,22 @@ def run_grid(cells: Sequence[CellRun], out: str | Path, *, env: dict[str, str],
         sink = Sink(path=OutDir(out).results(run_id, suite), run_id=run_id, store=store,
                     env=env, suite=suite, environment=environment,
                     writer=distributed is None or distributed.get("process_id", 0) == 0)
+        records = _record_unrun(unrun, sink, on_record)
         tasks = [(Slot(traced(cell, run_id, round_index), round_index, index, sink),)
                  for round_index, index, cell in schedule(cells, rounds)]
-        records = run_tasks(tasks, executor, jobs=jobs, on_start=on_start,
-                            on_record=on_record)
+        records += run_tasks(tasks, executor, jobs=jobs, on_start=on_start,
+                             on_record=on_record)
     return sink.path, records
+
+
+def _record_unrun(unrun: Sequence[tuple[CellRun, str]], sink: Sink,
+                  on_record: OnRecord | None) -> list[Record]:
+    """The records of cells not run here (NotRun), appended to `sink`'s file."""
+    if not unrun:
+        return []
+    why = {cell.arm: reason for cell, reason in unrun}
+    tasks = [(Slot(cell, 0, -1, sink),) for cell, _ in unrun]
+    return run_tasks(tasks, NotRun(why), on_record=on_record)
 
 
 def run_cells(grid: Grid, *, jobs: int = 1, env: dict[str, str] | None = None,
@@ -53,7 +66,7 @@ def run_cells(grid: Grid, *, jobs: int = 1, env: dict[str, str] | None = None,
     """`run_grid` of a checked grid's cells, into its results file."""
     return run_grid(grid.cells, grid.out.root, env=env or grid.env, timeout_s=grid.timeout_s,
                     rounds=grid.rounds, run_id=grid.run_id, suite=grid.options.get("name"),
-                    environment=grid.environment, jobs=jobs, **options)
+                    environment=grid.environment, jobs=jobs, unrun=grid.unrun, **options)
 
 
 def run_paired(grid: Grid, slices: int, *, on_start: OnStart | None = None,
@@ -68,6 +81,7 @@ def run_paired(grid: Grid, slices: int, *, on_start: OnStart | None = None,
     with RunStore.temporary() as store:
         sink = Sink(path=grid.path, run_id=grid.run_id, store=store, env=grid.env,
                     suite=grid.options.get("name"), environment=grid.environment)
+        unrun = _record_unrun(grid.unrun, sink, on_record)
         tasks = []
         for round_index in range(grid.rounds):
             for group in shapes if round_index % 2 == 0 else shapes[::-1]:
@@ -76,7 +90,7 @@ def run_paired(grid: Grid, slices: int, *, on_start: OnStart | None = None,
                          round_index, index_of[c.arm, repr(c.spec)], sink) for c in group))
         records = run_tasks(tasks, PairedProcesses(timeout_s=grid.timeout_s, slices=slices),
                             on_start=on_start, on_record=on_record)
-    return grid.path, records
+    return grid.path, unrun + records
 
 
 def run(request: Request, options: dict, *, processes: int = 1, run_id: str | None = None,
@@ -89,7 +103,8 @@ def run(request: Request, options: dict, *, processes: int = 1, run_id: str | No
         raise ValueError("--pairing in-process runs on one host without --selftest; "
                          "drop --num-processes/--distributed-auto and --selftest")
     grid = Grid(request, options, processes=processes, run_id=run_id)
-    with watch(grid, len(grid.cells) * grid.rounds - grid.recorded()) as (on_start, on_record):
+    total = len(grid.cells) * grid.rounds + len(grid.unrun) - grid.recorded()
+    with watch(grid, total) as (on_start, on_record):
         if pairing == IN_PROCESS:
             return run_paired(grid, slices, on_start=on_start, on_record=on_record)
         return run_cells(grid, distributed=distributed, alongside=alongside,

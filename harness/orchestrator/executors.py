@@ -18,7 +18,7 @@ from harness.orchestrator import spawn
 from harness.orchestrator.loop import Slot, Task
 from harness.orchestrator.zygote import Zygote, ZygoteError, Zygotes, zygote_key
 from harness.system.reaper import REAPER
-from reports.record import Record
+from reports.record import UNAVAILABLE, Failure, Record
 
 
 def _env(slot: Slot, arms: list[str]) -> dict[str, str]:
@@ -175,3 +175,26 @@ def groups(cells: Sequence[CellRun]) -> list[list[CellRun]]:
     for cell in cells:
         found.setdefault(json.dumps(cell.spec, sort_keys=True), []).append(cell)
     return list(found.values())
+
+
+class NotRun:
+    """Each task is a cell this environment cannot run (its arm's packages: `why`, by arm):
+    its record, failed as unavailable, is made here; no process is started."""
+
+    def __init__(self, why: dict[str, str]):
+        self.why = why
+
+    @contextlib.contextmanager
+    def session(self, tasks: Sequence[Task]):
+        yield
+
+    def key(self, task: Task) -> Hashable:
+        return task[0].cell.arm
+
+    def pairing(self, task: Task) -> list[str] | None:
+        return None
+
+    def run(self, number: int, task: Task) -> list[Record]:
+        return [Record(status="failed", error=Failure(
+            reason=UNAVAILABLE, message=f"not run here: {self.why[slot.cell.arm]}"))
+            for slot in task]

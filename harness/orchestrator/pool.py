@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Hashable, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
-def run_keyed[T](items: Sequence[T], jobs: int, key: Callable[[T], Hashable],
+def run_keyed(items: Sequence[T], jobs: int, key: Callable[[T], Hashable],
               work: Callable[[int, T], None]) -> None:
     """Calls work(index, item) for every item on `jobs` threads, never two items of one key
     at once; re-raises the first exception (a stop included) once every thread has ended."""

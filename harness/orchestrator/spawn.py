@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from harness.contract import (
+    CHECK_PENDING,
     OOM_MARKERS,
     PEER_MARKERS,
     SPAWNED_AT,
@@ -166,9 +167,20 @@ def records_of(ended: Exit, out: Path, timeout_s: float, count: int, where: str,
         for record in records:
             if record.error:
                 record.error.stderr_tail = ended.stderr[-STDERR_TAIL:]
+            if record.parity_not_checked == CHECK_PENDING:
+                record.parity_not_checked = check_ended(ended, timeout_s)
     for record in records:
         record.wall_s = elapsed_s
     return records
+
+
+def check_ended(ended: Exit, timeout_s: float) -> str:
+    """Why the gradient check of a worker that ended inside it gave no verdict: the failure
+    its process's end stands for ('timeout: ...', 'oom: ...', 'crash: ...'); the record it
+    wrote before the check keeps the measurements."""
+    failed = classify(dataclasses.replace(ended, wrote_record=False), timeout_s)
+    message = failed.error.message.replace(" without a record", "")
+    return f"{failed.error.reason}: {message}"
 
 
 def read_stderr(path: Path) -> str:

@@ -45,6 +45,9 @@ TPU7X = "tpu7x:2x2x1"
 GENERATIONS = ("v4", "v5e", "v5p", "v6e", "tpu7x")
 """TPU generations libtpu names topologies of ("v5e:2x2", "v5p:2x2x1", "tpu7x:2x2x1")."""
 
+DEFAULT_HOST_CHIPS = (2, 2, 1)
+"""The chips of one host, as libtpu lays a topology out by default."""
+
 LOCKFILE = Path("/tmp/libtpu_lockfile")
 MULTIPLE_LOAD_ENV = "ALLOW_MULTIPLE_LIBTPU_LOAD"
 
@@ -117,8 +120,20 @@ def topology_devices(name: str = TPU7X, slices: int = 1) -> tuple[jax.Device, ..
     os.environ["TPU_LIBRARY_PATH"] = str(libtpu_path())  # the pinned compiler, not a runtime's
     from jax.experimental import topologies
 
-    return tuple(topologies.get_topology_desc(topology_name=name, platform="tpu",
-                                              num_slices=slices).devices)
+    try:
+        found = topologies.get_topology_desc(topology_name=name, platform="tpu",
+                                             num_slices=slices)
+    except Exception as err:  # JaxRuntimeError: a layout smaller than one host's chips
+        chips = [*(int(n) for n in name.partition(":")[2].split("x")), 1, 1][:3]
+        if "chips_per_host_bounds" not in str(err) or any(
+                n > host for n, host in zip(chips, DEFAULT_HOST_CHIPS, strict=True)):
+            raise
+        # Older libtpus (0.0.42, jax 0.10.2's) lay a topology out on hosts of 2x2x1 chips
+        # unless told otherwise, and refuse one smaller than a host (v5e:1x1): such a
+        # topology is one host holding all of its chips.
+        found = topologies.get_topology_desc(topology_name=name, platform="tpu",
+                                             num_slices=slices, chips_per_host_bounds=chips)
+    return tuple(found.devices)
 
 
 def mesh_like(mesh: Mesh, devices) -> Mesh:
@@ -183,6 +198,33 @@ def loaded_version() -> str | None:
         except PackageNotFoundError:
             return None
     return libtpu_version()
+
+
+KIND_GENERATIONS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5": "v5p",
+                    "TPU v5p": "v5p", "TPU v6 lite": "v6e", "TPU v6e": "v6e", "TPU7x": "tpu7x"}
+"""A TPU's `device_kind` -> the generation libtpu names its topologies by."""
+
+TWO_D = ("v5e", "v6e")
+"""Generations whose topologies are named in two dimensions (v5e:2x2); the others in three."""
+
+
+def local_target(devices) -> str:
+    """The topology of `devices` (a process's, or a compile-only target's) as libtpu names a
+    compile-only target of it ('v5e:1x1' for one v5e chip, 'tpu7x:2x2x1' for a TPU7x host),
+    read off their coordinates; for devices that are not TPUs, their kind ('cpu',
+    'NVIDIA H200')."""
+    device = devices[0]
+    generation = KIND_GENERATIONS.get(device.device_kind)
+    if device.platform != "tpu" or generation is None:
+        return device.device_kind
+    coords = [getattr(d, "coords", None) for d in devices]
+    if any(c is None for c in coords):
+        return f"{generation}:{len(coords)}"
+    extent = [max(c[axis] for c in coords) - min(c[axis] for c in coords) + 1
+              for axis in range(len(coords[0]))]
+    dims = 2 if generation in TWO_D else 3
+    extent = (extent + [1] * dims)[:dims]
+    return f"{generation}:{'x'.join(map(str, extent))}"
 
 
 def describe(name: str, slices: int = 1) -> dict:

@@ -25,6 +25,7 @@ from reports.record.errors import RecordError
 from reports.record.names import cell_name, path_safe
 from reports.record.plans import Bound, Datasheet, ExecutablePlan, Plan, Roofline
 from reports.record.schema import (
+    UNAVAILABLE,
     ABTag,
     Cost,
     Environment,
@@ -46,6 +47,7 @@ from reports.record.versions import SCHEMA, upgrade
 
 __all__ = [
     "SCHEMA",
+    "UNAVAILABLE",
     "ABTag",
     "Bound",
     "Cost",

@@ -69,6 +69,9 @@ class RunOptions:
     run, and has a `plan` section instead of timing."""
     plan_slices: int = 1
     """Slices of `plan_target`."""
+    plan_capture: bool = False
+    """The plan is of the program `parity run` builds (the gradient capture in front of the
+    optimizer), not the trainer's own (`parity plan --capture`)."""
     plan_libtpu: str | None = None
     """The libtpu (the TPU compiler) version that planned it: plans of other versions are
     not compared."""
@@ -339,10 +342,17 @@ class Environment:
         return tuple(json.dumps(getattr(self, k), sort_keys=True) for k in names)
 
 
+UNAVAILABLE = "unavailable"
+"""The failure reason of a cell not run because its arm cannot run in the environment (a
+package missing or of another version: arms.requirements); it was asked for by a suite or
+the default arms, and is listed as not run here rather than as failed."""
+
+
 @_section
 class Failure:
     reason: str
-    """exception, crash, timeout, killed, oom, peer-died."""
+    """exception, crash, timeout, killed, oom, peer-died, does-not-fit (refused by its fit
+    check before anything was built), unavailable (not run: `UNAVAILABLE`)."""
     message: str
     traceback: str | None = None
     stderr_tail: str | None = None
@@ -381,12 +391,18 @@ class Record:
     cost: Cost | None = None
     memory: Memory | None = None
     parity: Parity | None = None
+    parity_not_checked: str | None = None
+    """Why a gradient check that was asked for gave no verdict ('oom: ...', 'timeout: ...',
+    'exception: ...'): the check runs after every measurement, so the record keeps them;
+    None where the check ended (`parity`) or was not asked for."""
     trace: Trace | None = None
     round: int = 0
     """Index of this process among the cell's interleaved rounds in its run."""
     ab: ABTag | None = None
     plan: Plan | None = None
-    """A plan record's plan (run.plan_target says for which target)."""
+    """A plan record's plan (run.plan_target says for which target); in a run record on an
+    accelerator, the plan of its step for the device it ran on (its fit check), which is
+    also the plan of a cell refused as `does-not-fit`."""
     phases: dict[str, float] | None = None
     """Wall seconds of each phase of the cell's process, in order (harness.cell.phases.Phases):
     start (interpreter start-up, or the fork from a zygote), imports, backend, build,
@@ -398,14 +414,27 @@ class Record:
     def ok(self) -> bool:
         return self.status == "ok"
 
+    @property
+    def unavailable(self) -> bool:
+        """Not run, its arm unavailable in the environment (`UNAVAILABLE`): neither ok nor
+        a failure of the run."""
+        return self.error is not None and self.error.reason == UNAVAILABLE
+
+    @property
+    def is_plan(self) -> bool:
+        """A plan record (`parity plan`): compiled for a target, not run. A run record may
+        hold a plan too: its step planned for the device it ran on (the fit check)."""
+        return bool(self.run and self.run.plan_target)
+
     def cell_key(self) -> tuple:
         """Records with equal keys measured the same work the same way in comparable
         environments: their samples may be pooled or compared."""
-        plan = bool(self.run and self.run.plan_target)
+        plan = self.is_plan
         env = self.environment.comparable_key(plan) if self.environment else None
         run = None
         if plan:  # a plan: its target, not how it would be run
-            run = ("plan", self.run.plan_target, self.run.plan_slices, self.run.plan_libtpu)
+            run = ("plan", self.run.plan_target, self.run.plan_slices, self.run.plan_libtpu,
+                   *(("capture",) if self.run.plan_capture else ()))
         elif self.run:
             run = (self.run.steps, self.run.warmup,
                    *((tuple(self.run.pairing),) if self.run.pairing else ()))

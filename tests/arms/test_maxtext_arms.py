@@ -12,6 +12,8 @@ from arms.workload import exact_loss_and_gradient, rel_l2
 from engine.model import build_decoder
 from reports.parity import GRAD_TOLERANCE as EXACT
 
+pytestmark = pytest.mark.maxtext  # every test here builds the real MaxText
+
 
 def _stepped(name, spec):
     arm = make_arm(name, spec)

@@ -13,6 +13,8 @@ from arms.models import maxtext_qwen3 as mq
 from arms.spec import CellSpec
 from engine.model import Decoder, get_preset, make_mesh
 
+pytestmark = pytest.mark.maxtext  # every test here builds the real MaxText
+
 
 @pytest.mark.parametrize(("ours_scanned", "theirs_scanned"),
                          [(False, False), (True, True), (False, True)])

@@ -10,6 +10,7 @@ import tunix.sft.utils
 from arms.models import tunix_datatypes
 
 
+@pytest.mark.maxtext
 def test_install_provides_what_pypi_tunix_lacks_and_maxtext_engine_imports():
     tunix_datatypes.install()
     assert tunix_datatypes.missing() == []

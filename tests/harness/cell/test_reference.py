@@ -1,35 +1,36 @@
-"""harness.cell.reference: the exact reference of a cell, and, for work in bfloat16, the
-floor its tolerance is sized by."""
+"""harness.cell.reference: the exact reference of a cell, and, for work whose arithmetic is
+not exact float32 (bfloat16 anywhere; float32 on an accelerator), the floor its tolerance is
+sized by."""
 
 import dataclasses
 
 import jax
 import pytest
-from flax import nnx
 
 from arms.spec import CellSpec
-from arms.workload import exact_loss_and_gradient, rel_l2
+from arms.workload import exact_by_micro_batch, rel_l2
 from engine.model import build_decoder, make_mesh
-from harness.cell.reference import parity_section
+from harness.cell.reference import checked_parity, exact_arithmetic, parity_section
 from reports.parity import FAIL, GRAD_TOLERANCE, PASS, parity_verdict
 from reports.record import Record
 
 SPEC = CellSpec(preset="tiny", seq=16, batch=4, ga=2, ragged=(20, 4))
 
 
-def _exact(spec, batches):
-    """The exact gradient of `spec` on `batches`, made here from the public parts."""
-    model = build_decoder(spec.model_config(), seed=spec.seed,
-                          mesh=make_mesh("", devices=jax.local_devices()[:1]))
-    _, grads = exact_loss_and_gradient(model, batches, spec.loss_fn())
-    return jax.device_get(nnx.to_pure_dict(grads))
+def _exact(spec, batches, precision="default"):
+    """The exact gradient of `spec` on `batches` at matmul `precision`, made here from the
+    public parts."""
+    with jax.default_matmul_precision(precision):
+        model = build_decoder(spec.model_config(), seed=spec.seed,
+                              mesh=make_mesh("", devices=jax.local_devices()[:1]))
+        return exact_by_micro_batch(model, batches, spec.loss_fn())[1]
 
 
 def test_a_bfloat16_cell_records_its_floor_and_is_judged_by_it(monkeypatch):
     monkeypatch.delenv("PARITY_REFERENCE_DIR", raising=False)
     bf16 = dataclasses.replace(SPEC, dtype="bfloat16")
     batches = bf16.micro_batches(0)
-    exact16, exact32 = _exact(bf16, batches), _exact(SPEC, batches)
+    exact16, exact32 = _exact(bf16, batches), _exact(SPEC, batches, "highest")
     # the bfloat16 reference itself, captured: exact; the floor is its distance from float32
     section = parity_section(bf16, exact16, first_loss=1.0, trainer_denominator=7.0)
     assert section.trainer_denominator == 7.0  # carried as the arm reported it
@@ -47,3 +48,29 @@ def test_a_bfloat16_cell_records_its_floor_and_is_judged_by_it(monkeypatch):
     # a float32 cell has no floor: GRAD_TOLERANCE holds it
     plain = parity_section(SPEC, exact32, first_loss=1.0, trainer_denominator=None)
     assert plain.floor_rel_l2 is None and plain.rel_l2 == 0.0
+
+
+def test_only_float32_work_on_the_cpu_is_exact_float32_arithmetic():
+    """The rule that decides whether a cell gets a floor: an accelerator's default matmul
+    rounds float32 inputs (TPU: one bfloat16 pass), so float32 work there is held to its
+    floor as bfloat16 work is everywhere."""
+    assert exact_arithmetic("float32", "cpu")
+    assert not exact_arithmetic("float32", "tpu") and not exact_arithmetic("float32", "gpu")
+    assert not exact_arithmetic("bfloat16", "cpu")
+
+
+def test_a_check_that_raises_gives_no_verdict_and_says_why(monkeypatch):
+    """checked_parity never raises for the check: an allocation XLA refuses is `oom`, any
+    other error `exception`, each with its message."""
+    from harness.cell import reference
+
+    def refused(*args):
+        raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate")
+
+    monkeypatch.delenv("PARITY_REFERENCE_DIR", raising=False)
+    monkeypatch.setattr(reference, "_compute_reference", refused)
+    parity, why = checked_parity(SPEC, {}, 1.0, None)
+    assert parity is None and why.startswith("oom: RuntimeError: RESOURCE_EXHAUSTED")
+    monkeypatch.setattr(reference, "_compute_reference", lambda *args: 1 / 0)
+    parity, why = checked_parity(SPEC, {}, 1.0, None)
+    assert parity is None and why == "exception: ZeroDivisionError: division by zero"

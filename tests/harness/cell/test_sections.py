@@ -65,3 +65,26 @@ def test_the_planned_peak_counts_held_state_and_only_executables_the_step_calls(
     assert planned_peak(planned, calls) == 180
     assert planned_peak({"update": _executable(150, 0)}, {"update": 1}) == 150
     assert planned_peak({"host": None}, {"host": 1}) is None
+
+
+
+def test_releasing_device_memory_leaves_no_array_alive():
+    """Before the gradient check, every buffer the measured arm left is freed, also one a
+    cache outside the arm still holds: the check starts from an empty device. (In a process
+    of its own: it deletes every array of the process.)"""
+    import subprocess
+    import sys
+
+    from tests.harness.cli_helpers import cli_env
+
+    code = ("import jax, jax.numpy as jnp\n"
+            "from harness.cell.sections import release_device_memory\n"
+            "held = [jnp.ones((256, 256), jnp.float32) for _ in range(3)]\n"
+            "freed = release_device_memory()\n"
+            "assert freed >= 3 * 256 * 256 * 4, freed\n"
+            "assert jax.live_arrays() == [] and all(x.is_deleted() for x in held)\n"
+            "print('released', freed)\n")
+    done = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("released ")

@@ -2,9 +2,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from harness.cli import main
 
 
+@pytest.mark.maxtext
 def test_selftest_prints_counts_loss_and_three_model_parity_before_the_first_cell(tmp_path):
     """`parity run --selftest` (what `make parity` runs): the selftest's lines, then the
     cells; it runs while the arms' packages import, and no cell starts before it passed."""

@@ -15,3 +15,34 @@ def test_every_shipped_suite_passes_the_checks_made_before_any_cell(name):
     cells = expand(suite, mesh_sizes={"device_count": 8, "backend": "tpu"})
     assert {c.arm for c in cells} == set(suite["arms"])
     assert len({c.spec["remat"] for c in cells}) == 1  # one remat policy for every arm
+
+
+def test_rows_per_micro_batch_make_each_cells_batch_by_its_ga_and_seq():
+    """`micro_batch` instead of `batch`: each cell's batch is its rows x its GA, and a table
+    by seq gives each length its own rows (the most that fit a device differ with it)."""
+    base = {"arms": ["native"], "preset": "tiny", "ga": [1, 4]}
+    cells = expand({**base, "seq": [16, 32], "micro_batch": {"16": 2, "32": [1, 3]}})
+    shapes = sorted((c.spec["seq"], c.spec["batch"], c.spec["ga"]) for c in cells)
+    assert shapes == [(16, 2, 1), (16, 8, 4), (32, 1, 1), (32, 3, 1), (32, 4, 4),
+                      (32, 12, 4)]
+    with pytest.raises(ValueError, match="micro_batch gives rows for seq 16 but not for seq 32"):
+        expand({**base, "seq": [16, 32], "micro_batch": {"16": 2}})
+    by_ga = expand({**base, "seq": [16, 32],
+                    "micro_batch": {"16": {"1": 2, "4": 1}, "32": {"1": 1, "4": []}}})
+    assert sorted((c.spec["seq"], c.spec["batch"], c.spec["ga"]) for c in by_ga) == [
+        (16, 2, 1), (16, 4, 4), (32, 1, 1)]  # no rows at seq 32, GA 4: no cell
+    with pytest.raises(ValueError, match="micro_batch gives rows for ga 1 but not for ga 4"):
+        expand({**base, "seq": 16, "micro_batch": {"16": {"1": 2}}})
+    with pytest.raises(ValueError, match=r"--batch .* or --micro-batch .*, not both"):
+        expand({**base, "seq": 16, "batch": 4, "micro_batch": 2})
+
+
+def test_a_batch_given_replaces_the_suites_rows_per_micro_batch():
+    from harness.grid.options import merge
+
+    suite = load_suite("tpu-v5e")
+    assert "micro_batch" in suite and "batch" not in suite
+    given = merge({"batch": [8]}, suite="tpu-v5e")
+    assert given["batch"] == [8] and "micro_batch" not in given
+    rows = merge({"micro_batch": [1]}, suite="tpu-v5e")
+    assert rows["micro_batch"] == [1]

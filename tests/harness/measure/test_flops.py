@@ -12,6 +12,7 @@ DEVICES = 8
 hold batch (fsdp=8), so the step's rows are per_device_batch_size * 8."""
 
 
+@pytest.mark.maxtext
 @pytest.mark.parametrize("preset", ["tiny", "small", "qwen3-0.6b"])
 def test_model_flops_equal_maxtexts_formula_over_all_devices(preset):
     from maxtext.utils.maxtext_utils import calculate_tflops_training_per_device

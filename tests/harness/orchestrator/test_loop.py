@@ -224,8 +224,10 @@ def test_sigint_keeps_finished_cells_and_valid_jsonl(tmp_path):
     (["--mesh", "fsdp=4"], "mesh 'fsdp=4' needs 4 devices but this cpu host has 1; on CPU "
                            "pass --cpu-devices"),
     (["--mesh", "tensor=4", "--cpu-devices", "4"], "more tensor shards than kv heads"),
-    (["--arms", "native,peft-maxtext", "--scan-layers"], "remat=none cannot be expressed"),
-    (["--arms", "native,maxtext-engine"], "remat=none cannot be expressed; use --remat full"),
+    pytest.param(["--arms", "native,peft-maxtext", "--scan-layers"],
+                 "remat=none cannot be expressed", marks=pytest.mark.maxtext),
+    pytest.param(["--arms", "native,maxtext-engine"],
+                 "remat=none cannot be expressed; use --remat full", marks=pytest.mark.maxtext),
     (["--arms", "peft-tunix", "--remat", "minimal"], "has no equivalent in Tunix's Qwen3"),
     (["--arms", "native,native"], "--arms names native twice (native,native); give each value "
                                   "once, and --rounds N"),
