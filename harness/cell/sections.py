@@ -134,7 +134,8 @@ def memory_section(planned, calls: dict[str, int], rss: int | None, reserved: in
                   planned_unavailable=(None if any(planned.values())
                                        else "no executable has a memory analysis here"),
                   rss_delta_bytes=rss, hosts=per_host_memory(rss, peak, np),
-                  heap_reserved_bytes=reserved)
+                  heap_reserved_bytes=reserved,
+                  device_stats=measure_memory.device_stats(jax.local_devices()))
 
 
 def cost_section(executables, calls: dict[str, int], median_ms: float, spec) -> Cost:

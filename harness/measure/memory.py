@@ -137,3 +137,11 @@ def device_peaks(devices) -> tuple[list[int | None], str | None]:
            f"memory_stats() of {device} has no 'peak_bytes_in_use' (keys: "
            f"{', '.join(sorted(stats)) or 'none'})")
     return peaks, why
+
+
+def device_stats(devices) -> list[dict[str, int] | None]:
+    """Each device's whole `memory_stats()` (its integer figures), None where the backend
+    has none (CPU)."""
+    return [None if (stats := device.memory_stats()) is None else
+            {k: int(v) for k, v in sorted(stats.items()) if isinstance(v, int)}
+            for device in devices]

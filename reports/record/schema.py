@@ -210,6 +210,11 @@ class Memory:
     """Host heap faulted in and freed again before the timed window, where glibc keeps freed
     memory (CPU cells; harness.measure.memory.reserve_heap). In the resident set, not in
     rss_delta_bytes. None in records written before it existed."""
+    device_stats: list[dict[str, int] | None] | None = None
+    """Each local device's whole `memory_stats()` after the timed window, as its runtime
+    names the figures (a TPU's include `peak_bytes_reserved`: the programs' temporaries,
+    reserved outside `peak_bytes_in_use`); None per device where the backend has none, and
+    None in records written before it existed."""
 
 
 @_section

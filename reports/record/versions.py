@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from reports.record.errors import RecordError
 
-SCHEMA = 8
+SCHEMA = 9
 """Version of the layout `to_json` writes. 1: the environment was `fingerprint`, the
 compiled cost `flops`, the step statistics `timing.summary`, the data digest
 `parity.data_fingerprint`, the executions `timing.executions_per_step_dispatched`.
@@ -24,7 +24,8 @@ tunix-grpo loss (`spec.loss_agg_mode`, `beta`, `epsilon`, `epsilon_high`, `epsil
 no trainer's denominator (`parity.trainer_denominator`). 6: a record's planned bytes were the
 largest executable's total, whichever the step called, without the train state held outside
 its arguments (`memory.executables[*].held`). 7: a gradient check that gave no verdict left
-no reason (`parity_not_checked`), and a run record held no plan of its device."""
+no reason (`parity_not_checked`), and a run record held no plan of its device. 8: a record
+held no device's whole memory statistics (`memory.device_stats`)."""
 
 
 def upgrade(data: dict, where: str = "record") -> dict:
@@ -32,7 +33,7 @@ def upgrade(data: dict, where: str = "record") -> dict:
     schema = data.get("schema")
     if schema == SCHEMA:
         return data
-    if schema == 7:  # 8 added a field
+    if schema in (7, 8):  # 8 and 9 added a field each
         return dict(data, schema=SCHEMA)
     if schema in (3, 4, 5, 6):  # 4-6 added fields (plans, roofline, loss options)
         return _upgrade_6(dict(data, schema=SCHEMA))

@@ -126,6 +126,7 @@ def test_device_peaks_say_why_a_backend_has_none(devices):
     peaks, why = memory.device_peaks(devices[:3])
     assert peaks == [None, None, None]
     assert why == "memory_stats() is None on this backend"
+    assert memory.device_stats(devices[:3]) == [None, None, None]
 
 
 def test_the_machine_noise_reading_times_the_fixed_probe_around_a_block():
