@@ -13,16 +13,18 @@ program whose own buffers exceed the device is refused by the compiler itself
 (RESOURCE_EXHAUSTED, "the total memory required ... (X) exceeds available HBM (Y)"): that is
 a does-not-fit too, at the compiler's figures.
 
-The plan is of the program the cell will run, gradient capture included (every round of a
-cell runs its arm with it, so that all time one program; the captured gradient is a
-parameter-sized float32 buffer in the optimizer state), compiled with the arm's own
+The plan is of the program the cell will run: with the gradient capture where the cell's
+parity is checked (every round of such a cell runs its arm with it, so that all time one
+program; the captured gradient is a parameter-sized float32 buffer in the optimizer state,
+written every step), without it where not. It is compiled with the arm's own
 compiler options and nothing added: with the run's persistent compilation cache on
 (harness.cell.phases), the build that follows loads what the check compiled instead of
 compiling it again, so the check's cost on a cell that fits is the abstract build and
 lowering. A later round, or a rerun with the same cache,
 loads the check's compiles too: `FitCheck.cached` says so. Where the program with the
 capture does not fit and the one without it does, the cell is measured without it and says
-why its parity was not checked (`fit_cell`).
+why its parity was not checked (`fit_cell`); where neither fits, the refusal gives the
+seconds of both plans.
 
 The CPU backend has no device memory limit, so the check runs there only where the cell
 names one (`CellRun.fit_bytes`: the tests, or a user keeping headroom).
@@ -61,6 +63,9 @@ class FitCheck:
     """Wall time of the check: abstract build, lowering and compiles (or cache loads)."""
     cached: bool
     """Every executable of the plan was loaded from the run's compilation cache."""
+    plans: int = 1
+    """How many programs were planned to reach the verdict (2: with the gradient capture,
+    then without it); `seconds` is their total."""
 
     @property
     def fits(self) -> bool:
@@ -69,8 +74,9 @@ class FitCheck:
     def text(self) -> str:
         """'planned 16.42 of 15.75 GiB (step; checked in 3.1 s, its compile cached)'."""
         how = "its compile cached" if self.cached else "compiled"
+        over = f" over {self.plans} plans" if self.plans > 1 else ""
         return (f"planned {self.planned / 2**30:.2f} of {self.capacity / 2**30:.2f} GiB "
-                f"({self.where}; checked in {self.seconds:.1f} s, {how})")
+                f"({self.where}; checked in {self.seconds:.1f} s{over}, {how})")
 
     def failure(self) -> Record:
         """The record of a cell that does not fit: why, with the plan that says so."""
@@ -100,19 +106,22 @@ def applies(run: CellRun) -> bool:
 
 def fit_cell(run: CellRun, spec, compiles) -> tuple[FitCheck | None, bool, str | None]:
     """(the fit check of the program cell `run` will run, whether it runs with the gradient
-    capture, why its parity will not be checked or None). Every round of a cell runs its arm
-    with the capture, so all its rounds time one program; a program that does not fit with
-    it but does without it is measured without it, and says why its parity (where asked
-    for) was not checked. The check is None where none applies."""
-    fit = check_fit(run, spec, compiles)
-    if fit is None or fit.fits:
-        return fit, True, None
+    capture, why its parity will not be checked or None). A cell whose parity is not asked
+    for runs its arm without the capture (the program its users run). Otherwise every round
+    runs it with the capture, so all its rounds time one program; a program that does not
+    fit with it but does without it is measured without it, and says why its parity was not
+    checked. The check is None where none applies."""
+    fit = check_fit(run, spec, compiles, capture=run.parity)
+    if fit is None or fit.fits or not run.parity:
+        return fit, run.parity, None
     without = check_fit(run, spec, compiles, capture=False)
+    both = dataclasses.replace(without, seconds=fit.seconds + without.seconds,
+                               plans=fit.plans + without.plans)
     if not without.fits:
-        return without, True, None
+        return both, True, None
     why = (f"does not fit with the captured gradient: {fit.text()}; measured without it, "
            f"{without.text()}")
-    return without, False, why if run.parity else None
+    return both, False, why
 
 
 def check_fit(run: CellRun, spec, compiles, capture: bool = True) -> FitCheck | None:

@@ -84,6 +84,8 @@ def test_a_cell_that_does_not_fit_is_refused_before_it_is_built(tmp_path):
     for record in refused:
         assert record.error.reason == "does-not-fit", record.error
         assert record.error.message.startswith("does not fit: planned 0.00 of 0.00 GiB (")
+        # with the gradient capture, then without: the seconds are both plans'
+        assert " over 2 plans, " in record.error.message, record.error.message
         assert record.plan.planned_peak_bytes > 1024 == record.plan.hbm_capacity_bytes
         assert record.plan.fits is False and record.timing is None
         assert "fit" in record.phases and "build" not in record.phases
@@ -122,3 +124,8 @@ def test_a_cell_that_fits_only_without_the_captured_gradient_is_measured_without
     assert record.parity_not_checked.startswith("does not fit with the captured gradient: "
                                                 "planned 0.00 of 0.00 GiB (step; checked in")
     assert "; measured without it, planned 0.00 of 0.00 GiB" in record.parity_not_checked
+    # a cell whose parity is not asked for is planned, built and timed without the capture
+    unasked = [dataclasses.replace(c, parity=False) for c in cells]
+    _, (plain,) = run_grid(unasked, tmp_path / "unasked", env=cli_env(), timeout_s=300)
+    assert plain.ok and plain.parity is None and plain.parity_not_checked is None
+    assert plain.plan.planned_peak_bytes == plain.memory.planned_bytes == without
