@@ -324,7 +324,8 @@ def losses(df: pd.DataFrame) -> str:
 def parity(df: pd.DataFrame) -> str:
     rows = []
     for _, r in by_shape(ok(df)).iterrows():
-        dens = "/".join(f"{d:g}" for d in r["denominators"]) if r["denominators"] else MISSING
+        dens = ("/".join(f"{d:g}" for d in r["denominators"])
+                if isinstance(r["denominators"], list) and r["denominators"] else MISSING)
         verdict = verdict_of(r)
         rows.append((shape_label(r), r["arm"], dens, _f(r["denominator"], "g"),
                      _f(r["trainer_denominator"], "g"),
@@ -332,7 +333,7 @@ def parity(df: pd.DataFrame) -> str:
                      _f(r["rel_l2"], ".2e"),
                      f"{verdict.status}{': ' + verdict.cause if verdict.cause else ''}"
                      if verdict else not_checked(r),
-                     (r["data_digest"] or MISSING)[:12]))
+                     r["data_digest"][:12] if isinstance(r["data_digest"], str) else MISSING))
     return markdown(["shape", "arm", "micro-batch denominators", "sum",
                      "trainer's denominator", "loss (trainer)",
                      "exact loss", "gradient L2", "rel_l2 vs exact",
