@@ -9,8 +9,9 @@ files named here and, in lockstep, a socket (the gate), so the parent can drive 
 of another commit (`parity ab`). This module imports the standard library only.
 
 `PROTOCOL` is the version of this contract a worker speaks; `python -m WORKER_MODULE
---protocol` prints it. Version 2 (this module): the worker is `harness.cell`, in-process
-pairing (`--slices`) and lockstep (`--gate-fd`) included. Commits before this module have a
+--protocol` prints it. Version 3: `CellRun.capture` (a worker of version 2 always builds the
+capture). Version 2: the worker is `harness.cell`, in-process pairing (`--slices`) and
+lockstep (`--gate-fd`) included. Commits before this module have a
 worker `harness.worker` with the same arguments (version 1 where it has `--gate-fd`, 0
 before); `harness.orchestrator.refs` tells them apart by their git ancestry.
 """
@@ -22,7 +23,9 @@ import dataclasses
 import hashlib
 import json
 
-PROTOCOL = 2
+PROTOCOL = 3
+CAPTURE_PROTOCOL = 3
+"""The first protocol whose worker reads `CellRun.capture`."""
 WORKER_MODULE = "harness.cell"
 ZYGOTE_MODULE = "harness.cell.zygote"
 
@@ -93,6 +96,11 @@ class CellRun:
     and graph_viewer need (~1.5x bigger trace files)."""
     parity: bool = True
     """Compare the first step's captured gradient with the exact reference."""
+    capture: bool = True
+    """Build the arm with the gradient capture chained in front of its optimizer (what the
+    check reads): every round of a cell whose parity is checked in one of them, so that all
+    its rounds time one program; off where the run checks none (`--no-parity`), so the
+    cell runs the trainer's own program. Protocol 3 and on."""
     plugins: tuple[str, ...] = ()
     """Modules to import first (they may register extra arms, e.g. test-only ones)."""
     distributed: dict | None = None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from reports import baseline, plan, plots, stats, summary, tables
+from reports import baseline, measured, plan, plots, stats, summary, tables
 from reports.frame import to_frame
 from reports.record import read_dir
 
@@ -56,6 +56,8 @@ def _section(df: pd.DataFrame, out_dir: Path, prefix: str, baseline_arm: str, ho
                 "per step, each while-loop body counted as many times as it runs. All are "
                 "exact (no timing noise).", tables.cost(df)),
         details("Peak memory", tables.memory(df, baseline_arm)),
+        *([details("Planned vs measured", measured.__doc__.split("\n\n", 1)[1], pvm)]
+          if (pvm := measured.planned_vs_measured(df)) else []),
         details("Executables", "XLA's memory_analysis of each compiled executable (per "
                 "device); calls/step weights the per-step cost.", tables.executables(df)),
         details("Gradient parity", "rel_l2 = ||g - g_exact|| / ||g_exact||, where g is the "

@@ -146,6 +146,7 @@ def _cost_columns(r: Record, center) -> dict:
         "bytes_accessed_per_step": cost and cost.bytes_accessed_per_step,
         "cost_unavailable": _unavailable(cost.unavailable) if cost else None,
         "peak_bytes": memory and memory.peak_bytes_in_use,
+        "peak_reserved": _peak_reserved(memory),
         "peak_unavailable": memory and memory.peak_unavailable,
         "planned_bytes": memory and memory.planned_bytes,
         "planned_unavailable": memory and memory.planned_unavailable,
@@ -155,10 +156,19 @@ def _cost_columns(r: Record, center) -> dict:
     }
 
 
+def _peak_reserved(memory) -> int | None:
+    """The most any local device's runtime reserved for its programs' temporaries
+    (`memory_stats()['peak_bytes_reserved']`, TPU), None where no device states it."""
+    stats = (memory and memory.device_stats) or []
+    found = [d["peak_bytes_reserved"] for d in stats if d and "peak_bytes_reserved" in d]
+    return max(found, default=None)
+
+
 def _plan_columns(p) -> dict:
     """A plan record's figures (None elsewhere); bytes are per device."""
     collectives = p and p.collective_bytes_per_step
     return {
+        "plan_for": p and p.target,
         "plan_device_kind": p and p.device_kind, "plan_capacity": p and p.hbm_capacity_bytes,
         "plan_peak": p and p.planned_peak_bytes, "plan_peak_executable": p and p.peak_executable,
         "plan_xla_peak": p and p.xla_peak_bytes, "plan_fits": p and p.fits,

@@ -55,6 +55,7 @@ PLANNED = [  # the same, from a `parity plan` record of the same arm and shape
     ("plan_hbm_per_step", "HBM/step on {target}", lambda v: f"{v / 2**30:.3f} GiB"),
     ("plan_collective_bytes", "collective bytes/step on {target}",
      lambda v: f"{v / 2**30:.3f} GiB"),
+    ("plan_flops_per_step", "FLOPs/step on {target}", lambda v: f"{v / 1e12:.3f} T"),
 ]
 
 
@@ -95,8 +96,12 @@ def _plan_of(plans: pd.DataFrame | None, row):
 
 def exact(frame: pd.DataFrame, baseline_arm: str, plans: pd.DataFrame | None = None) -> str:
     """The exact comparisons of every timed cell against the baseline arm of its shape."""
-    target = (", ".join(dict.fromkeys(ok(plans)["plan_target"]))
-              if plans is not None and not ok(plans).empty else "")
+    own = "plan_for" in frame and frame["plan_for"].notna().any()
+    if own:  # cells run on an accelerator carry the plan of their own program there
+        target = ", ".join(dict.fromkeys(frame["plan_for"].dropna()))
+    else:
+        target = (", ".join(dict.fromkeys(ok(plans)["plan_target"]))
+                  if plans is not None and not ok(plans).empty else "")
     columns = EXACT + ([(c, h.format(target=target), f) for c, h, f in PLANNED]
                        if target else [])
     rows = []
@@ -105,8 +110,9 @@ def exact(frame: pd.DataFrame, baseline_arm: str, plans: pd.DataFrame | None = N
         base = base_rows.iloc[0] if not base_rows.empty else None
         cells = [_exact_cell(r, base, c, f) + _traced_note(r, c) for c, _, f in EXACT]
         if target:
-            plan, base_plan = _plan_of(plans, r), (None if base is None
-                                                   else _plan_of(plans, base))
+            plan, base_plan = ((r, base) if own else
+                               (_plan_of(plans, r),
+                                None if base is None else _plan_of(plans, base)))
             cells += [_exact_cell(plan, base_plan, c, f) for c, _, f in PLANNED]
         rows.append((shape_label(r), r["arm"], *cells))
     return markdown(["shape", "arm", *[h for _, h, _ in columns]], rows,
@@ -232,7 +238,8 @@ def summary(df: pd.DataFrame, baseline_arm: str, how: str = "",
         "**Exact comparisons** (deterministic for given code and versions: no CI is "
         "needed; ratio to the baseline in brackets). Bytes, planned peak and FLOPs are "
         "XLA's figures for the compiled step on this backend, loops counted as they run; "
-        "figures \"on\" a target are its compiler's plan (`parity plan`), not a measurement. "
+        "figures \"on\" a target are its compiler's plan (`parity plan`, or a cell's fit check "
+        "on its own accelerator, of the program it then ran), not a measurement. "
         "Program calls/step counts the executables the arm calls per optimizer step; "
         "\"[N in trace]\" follows where the traced window saw N device executions per step "
         "instead.",

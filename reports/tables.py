@@ -324,8 +324,10 @@ def losses(df: pd.DataFrame) -> str:
 def parity(df: pd.DataFrame) -> str:
     rows = []
     for _, r in by_shape(ok(df)).iterrows():
-        dens = ("/".join(f"{d:g}" for d in r["denominators"])
-                if isinstance(r["denominators"], list) and r["denominators"] else MISSING)
+        found = r["denominators"]  # a list, or NaN where the cell has no check
+        dens = ("/".join(f"{d:g}" for d in found)
+                if found is not None and not isinstance(found, float) and len(found)
+                else MISSING)
         verdict = verdict_of(r)
         rows.append((shape_label(r), r["arm"], dens, _f(r["denominator"], "g"),
                      _f(r["trainer_denominator"], "g"),

@@ -106,14 +106,15 @@ def applies(run: CellRun) -> bool:
 
 def fit_cell(run: CellRun, spec, compiles) -> tuple[FitCheck | None, bool, str | None]:
     """(the fit check of the program cell `run` will run, whether it runs with the gradient
-    capture, why its parity will not be checked or None). A cell whose parity is not asked
-    for runs its arm without the capture (the program its users run). Otherwise every round
-    runs it with the capture, so all its rounds time one program; a program that does not
+    capture, why its parity will not be checked or None). A cell none of whose rounds checks
+    parity (`CellRun.capture` off) runs its arm without the capture (the program its users
+    run). Otherwise every round runs it with the capture, so all its rounds time one
+    program; a program that does not
     fit with it but does without it is measured without it, and says why its parity was not
     checked. The check is None where none applies."""
-    fit = check_fit(run, spec, compiles, capture=run.parity)
-    if fit is None or fit.fits or not run.parity:
-        return fit, run.parity, None
+    fit = check_fit(run, spec, compiles, capture=run.capture)
+    if fit is None or fit.fits or not run.capture:
+        return fit, run.capture, None
     without = check_fit(run, spec, compiles, capture=False)
     both = dataclasses.replace(without, seconds=fit.seconds + without.seconds,
                                plans=fit.plans + without.plans)
@@ -121,7 +122,7 @@ def fit_cell(run: CellRun, spec, compiles) -> tuple[FitCheck | None, bool, str |
         return both, True, None
     why = (f"does not fit with the captured gradient: {fit.text()}; measured without it, "
            f"{without.text()}")
-    return both, False, why
+    return both, False, why if run.parity else None
 
 
 def check_fit(run: CellRun, spec, compiles, capture: bool = True) -> FitCheck | None:

@@ -219,6 +219,8 @@ class Trace(Command):
     def setup(cls, parser):
         parser.add_argument("path", type=Path, help=".xplane.pb file or a directory above one")
         parser.add_argument("--json", action="store_true", help="print JSON")
+        parser.add_argument("--full", action="store_true",
+                            help="print each top op's whole HLO instruction below its row")
 
     @classmethod
     def run(cls, args):
@@ -241,7 +243,7 @@ class Trace(Command):
         except Exception as err:  # not an XSpace protobuf: one line, not a traceback
             raise ValueError(f"{path}: cannot read it as a profiler capture "
                              f"({type(err).__name__}: {err})") from None
-        print(json.dumps(summary, indent=1) if args.json else trace.text(summary))
+        print(json.dumps(summary, indent=1) if args.json else trace.text(summary, args.full))
         return 0
 
 

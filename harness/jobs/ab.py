@@ -14,7 +14,7 @@ import dataclasses
 import tempfile
 from pathlib import Path
 
-from harness.contract import LOCKSTEP, PROCESSES
+from harness.contract import CAPTURE_PROTOCOL, LOCKSTEP, PROCESSES
 from harness.grid import options as grid_options
 from harness.jobs.explain import what_changed
 from harness.jobs.grid import Grid, Request, Watch, quiet, traced
@@ -119,7 +119,8 @@ def ab(ref_a: str, ref_b: str, request: Request, options: dict, *,
         if pairing == LOCKSTEP:
             check_lockstep(refs)
         sinks = {side: _sink(ref, grid, ab_id, Path(tmp)) for side, ref in refs.items()}
-        tasks = _tasks(grid, sinks, lockstep=pairing == LOCKSTEP)
+        tasks = _tasks(grid, sinks, lockstep=pairing == LOCKSTEP,
+                       protocols={side: ref.protocol.version for side, ref in refs.items()})
         executor = (LockstepPairs(timeout_s=grid.timeout_s, slices=slices)
                     if pairing == LOCKSTEP else
                     # One cell per process and side; an older ref has no zygote.
@@ -154,12 +155,16 @@ def _sink(ref: Ref, grid: Grid, ab_id: str, tmp: Path) -> Sink:
                 ab=ABTag(side=ref.side, sha=ref.sha), worker_module=ref.protocol.worker_module)
 
 
-def _tasks(grid: Grid, sinks: dict[str, Sink], *, lockstep: bool) -> list[Task]:
+def _tasks(grid: Grid, sinks: dict[str, Sink], *, lockstep: bool,
+           protocols: dict[str, int]) -> list[Task]:
     """Per scheduled cell, A's and B's slots (A first in even rounds, B first in odd ones):
-    one task of both in lockstep, else a task each."""
+    one task of both in lockstep, else a task each. A worker of protocol < 3 always builds
+    the gradient capture: both sides then do, so that they time the same work."""
     tasks = []
+    old = min(protocols.values()) < CAPTURE_PROTOCOL
     for round_index, index, cell in schedule(grid.cells, grid.rounds):
         order = ("A", "B") if round_index % 2 == 0 else ("B", "A")
+        cell = dataclasses.replace(cell, capture=True) if old else cell
         slots = tuple(Slot(traced(cell, sinks[side].run_id, round_index), round_index, index,
                            sinks[side]) for side in order)
         tasks += [slots] if lockstep else [(slot,) for slot in slots]

@@ -120,9 +120,14 @@ def summarize(path: str) -> dict:
                        "executions": s.executions} for s in steps]}
 
 
-def text(summary: dict) -> str:
+LINE = 160
+"""The widest line of a top-ops row (its whole instruction follows it with `full`)."""
+
+
+def text(summary: dict, full: bool = False) -> str:
     """`summarize`'s result as a person reads it: a table of devices (each one's span split
-    into compute, collectives, copies and idle: xplane.breakdown_ns), each one's top ops,
+    into compute, collectives, copies and idle: xplane.breakdown_ns), each one's top ops
+    per step (one short line each; with `full`, each op's whole HLO instruction below it),
     and the steps."""
     lines = [f"capture: {summary['file']}", "",
              "| device | busy ms | memcpy ms | span ms | compute ms | collectives ms | copies ms "
@@ -136,8 +141,14 @@ def text(summary: dict) -> str:
     if not summary["devices"]:
         lines.append("| (no device or XLA op events) |" + " - |" * 9)
     for d in summary["devices"]:
-        lines += ["", f"top ops on {d['name']} (ms):"]
-        lines += [f"  {ms:10.3f}  {name}" for name, ms in d["top_ops"]]
+        lines += ["", _top_heading(d), "", "| ms/step | runs/step | op | category | shape |",
+                  "|---|---|---|---|---|"]
+        for op in d["top_ops"]:
+            row = (f"| {op['ms_per_step']:.3f} | {op['runs_per_step']:g} | {op['name']} | "
+                   f"{op['category']} | {op['shape'] or '-'} |")
+            lines.append(row if len(row) <= LINE else row[:LINE - 5] + " ... |")
+            if full and op["text"]:
+                lines.append(f"|  |  | `{op['text']}` |  |  |")
     if summary["steps"]:
         lines += ["", "| step | wall ms | busy ms | executions |", "|---|---|---|---|"]
         lines += [f"| {s['step']} | {s['wall_ms']:.3f} | {s['busy_ms']:.3f} | "
@@ -145,3 +156,12 @@ def text(summary: dict) -> str:
     else:
         lines += ["", "no step annotations: the whole capture is one window"]
     return "\n".join(lines)
+
+
+def _top_heading(device: dict) -> str:
+    """What the top-ops table of one device counts."""
+    steps = device["steps"]
+    per = f"per step ({steps} steps)" if steps > 1 else "in the capture (no step annotations)"
+    return (f"top ops on {device['name']}, {per}: {device['ranked_ms'] / steps:.3f} ms of "
+            f"{device['busy_ms'] / steps:.3f} busy\n(control flow that encloses its body, "
+            "while, conditional and call, is not ranked: its time is its body's)")

@@ -32,7 +32,7 @@ from collections import Counter
 from jax.profiler import ProfileData
 
 from harness.contract import STEP_ANNOTATION
-from harness.xla import categories
+from harness.xla import categories, hlo
 
 COMPLETION_PREFIX = "end: "
 """XLA:CPU's name for the event that marks an asynchronous op's completion."""
@@ -55,6 +55,17 @@ class Op:
     execution: tuple | None
     """The execution it belongs to (None: a transfer outside any executable)."""
     module: str | None
+    text: str | None = None
+    """The op's whole HLO instruction, where the trace names it so (TPU); `name` is then
+    the instruction's name."""
+    category: str | None = None
+    """harness.xla.categories' category of the instruction (from its name where the trace
+    gives only that)."""
+    shape: str | None = None
+    """The op's result shape, short (harness.xla.hlo.short_shape), where the trace gives it."""
+    encloses: bool = False
+    """A control-flow op (while, conditional, call) whose interval holds the ops of its
+    body, each traced on its own: its time is theirs."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,10 +141,15 @@ def _read_modules(device: str, lines: dict, ops: list, executions: dict) -> None
     for event in lines["XLA Ops"].events if "XLA Ops" in lines else ():
         index = bisect.bisect_right(starts, event.start_ns) - 1
         owner = modules[index] if index >= 0 and event.start_ns <= modules[index][1] else None
-        ops.append(Op(device, event.name, event.start_ns, event.start_ns + event.duration_ns,
+        found = hlo.instruction(event.name)  # TPU names each op by its whole instruction
+        described = {} if found is None else {
+            "text": event.name, "category": _category(found),
+            "shape": hlo.short_shape(found.shape), "encloses": found.opcode in ENCLOSING}
+        ops.append(Op(device, found.name if found else event.name, event.start_ns,
+                      event.start_ns + event.duration_ns,
                       _is_memcpy(event.name, _stats(event)),
                       (device, owner[2], owner[0]) if owner else None,
-                      owner[2] if owner else None))
+                      owner[2] if owner else None, **described))
 
 
 def _read_kernels(device: str, plane, launches: dict, dispatches: list, ops: list,
@@ -192,6 +208,16 @@ def union_ns(spans: list[tuple[float, float]]) -> float:
     return total
 
 
+def _category(found: hlo.Instruction) -> str:
+    """An instruction's category without its module: a fusion named for the matmul it
+    holds ("convolution_bitcast_fusion.8") is a matmul, else its kind decides."""
+    by_name = categories.category_of_name(found.name)
+    return by_name if by_name == categories.MATMUL else categories.category(found)
+
+
+ENCLOSING = {"while", "conditional", "call"}
+"""Control flow whose traced interval holds its body's ops (traced each on its own)."""
+
 BREAKDOWN = ("compute", "collectives", "copies", "idle")
 """A device's time, each instant given to the first of these that an op of it covers."""
 
@@ -203,7 +229,7 @@ def kind(op: Op) -> str:
     included) compute."""
     if op.memcpy:
         return "copies"
-    found = categories.category_of_name(op.name)
+    found = op.category or categories.category_of_name(op.name)
     if found.startswith("collective: "):
         return "collectives"
     return "copies" if found in (categories.COPY, categories.HOST) else "compute"
@@ -236,17 +262,16 @@ def breakdown_ns(ops: list[Op], begin: float, end: float) -> dict[str, float]:
 def devices(capture: Capture, top: int = 10) -> list[dict]:
     """Per device with ops: busy ms (the union of its kernels' intervals), memcpy ms (of its
     copies'), span ms (first op's start to last op's end), executions and executions per
-    module, the `top` ops by summed time (kernels), and the span's breakdown into compute,
-    collectives, copies and idle ms (`breakdown_ns`)."""
+    module, the span's breakdown into compute, collectives, copies and idle ms
+    (`breakdown_ns`), and its `top` ops per step (`top_ops`)."""
     found = []
+    steps = max(len(capture.steps), 1)
     for device in dict.fromkeys(op.device for op in capture.ops):
         mine = [op for op in capture.ops if op.device == device]
         kernels = [op for op in mine if not op.memcpy]
         begin, end = min(op.start for op in mine), max(op.end for op in mine)
         keys = {op.execution for op in mine if op.execution is not None}
-        by_op = Counter()
-        for op in kernels:
-            by_op[op.name] += (op.end - op.start) / 1e6
+        ranked = [op for op in kernels if not op.encloses]
         found.append({
             "name": device,
             "busy_ms": union_ns([(op.start, op.end) for op in kernels]) / 1e6,
@@ -255,6 +280,23 @@ def devices(capture: Capture, top: int = 10) -> list[dict]:
             "breakdown_ms": {k: v / 1e6 for k, v in breakdown_ns(mine, begin, end).items()},
             "executions": len(keys),
             "modules": dict(Counter(capture.executions[k][1] for k in keys)),
-            "top_ops": [[name, ms] for name, ms in by_op.most_common(top)],
+            "steps": steps,
+            "ranked_ms": sum(op.end - op.start for op in ranked) / 1e6,
+            "top_ops": top_ops(ranked, steps, top),
         })
     return found
+
+
+def top_ops(ops: list[Op], steps: int, top: int) -> list[dict]:
+    """The `top` ops by their summed time, per step (a capture's `steps` windows; 1 where it
+    has no step annotations): name, category, result shape, ms and runs per step, and the
+    whole instruction where the trace gives it. Control flow that encloses its body's ops
+    is left to the caller to leave out (`Op.encloses`)."""
+    by_name: dict[str, list[Op]] = {}
+    for op in ops:
+        by_name.setdefault(op.name, []).append(op)
+    rows = [{"name": name, "category": same[0].category or categories.category_of_name(name),
+             "shape": same[0].shape, "ms_per_step": sum(o.end - o.start for o in same) / 1e6
+             / steps, "runs_per_step": len(same) / steps, "text": same[0].text}
+            for name, same in by_name.items()]
+    return sorted(rows, key=lambda r: -r["ms_per_step"])[:top]

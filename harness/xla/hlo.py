@@ -116,6 +116,31 @@ def _split_operands(rest: str) -> tuple[list[str], str, str]:
     raise Unavailable(f"unbalanced operand list: {rest[:80]}")
 
 
+def instruction(line: str) -> Instruction | None:
+    """One instruction's line of HLO text (a TPU trace names each op so), None where `line`
+    is not one."""
+    found = _INSTRUCTION.match(line)
+    if found is None:
+        return None
+    root, name, shape, opcode, rest = found.groups()
+    try:
+        operands, arguments, attributes = _split_operands(rest)
+    except Unavailable:  # a trace may cut a long line short
+        operands, arguments, attributes = [], "", ""
+    return Instruction(name, shape, opcode, tuple(operands), arguments.strip(), attributes,
+                       bool(root))
+
+
+def short_shape(shape: str, arrays: int = 2) -> str:
+    """An HLO shape without layouts or memory spaces, a tuple cut to its first `arrays`
+    arrays: 'bf16[2,1024,1024]', '(s32[], bf16[2,1024,1024], ... 12 more)'."""
+    found = [f"{dtype}[{dims}]" for dtype, dims, _ in _ARRAY.findall(shape)]
+    if not shape.startswith("("):
+        return found[0] if found else shape
+    more = f", ... {len(found) - arrays} more" if len(found) > arrays else ""
+    return f"({', '.join(found[:arrays])}{more})"
+
+
 def parse(hlo_text: str) -> Module:
     """The computations of an optimized HLO module's text (`Compiled.as_text()`)."""
     computations: dict[str, list[Instruction]] = {}

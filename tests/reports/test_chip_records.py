@@ -19,3 +19,39 @@ def test_the_chip_records_render_with_checked_unchecked_and_refused_cells(tmp_pa
     # a shape whose cells were not checked has no data digest: shown as missing
     assert "| qwen3-0.6b s1024 b8 ga1 bfloat16 | engine-fused | - | - | - |" in text
     assert "**Not run here**" in text and "maxtext not installed" in text
+
+
+def test_planned_vs_measured_reads_the_chips_memory_stats_and_the_cells_own_plan(tmp_path):
+    """native at seq 1024 batch 2 on the v5e: 9,567,186,432 bytes in use at peak plus
+    3,571,089,408 reserved for the step's temporaries, against its fit check's plan of
+    13,396,195,328; its roofline (the plan's bound) 98.7 ms against 119.3 measured."""
+    from reports.frame import to_frame
+    from reports.measured import measured_peak, planned_vs_measured
+    from reports.record import read_dir
+
+    shutil.copy(CHIP / "chip-s1024-ga1.jsonl", tmp_path / "chip.jsonl")
+    frame = to_frame(read_dir(tmp_path))
+    native = frame[(frame["arm"] == "native")].iloc[0]
+    assert measured_peak(native) == 9_567_186_432 + 3_571_089_408
+    assert native["plan_peak"] == 13_396_195_328
+    table = planned_vs_measured(frame)
+    row = next(line for line in table.splitlines() if "| native |" in line)
+    cells = [c.strip() for c in row.split("|")]
+    # in use, reserved, their sum, planned (GiB); planned / measured = 13.396 / 13.138 GB
+    assert cells[4:9] == ["8.910", "3.326", "12.236", "12.476", "1.020"], cells
+    assert cells[9:13] == ["119.3", "98.7", "memory", "1.21"], cells
+    # engine-fused's peak in use holds 2.2 GiB more than its step's plan: printed as a gap
+    fused = next(line for line in table.splitlines() if "| engine-fused |" in line)
+    assert "0.865 **gap**" in fused
+
+
+def test_cells_run_on_the_chip_lead_with_their_own_plans_exact_costs(tmp_path):
+    """The XLA cost model is not reachable through the TPU's PJRT C API (the records say
+    why); the exact comparisons then come from each cell's own plan on the chip, whose HLO
+    reader figures are those of the executables the cell ran."""
+    shutil.copy(CHIP / "chip-s1024-ga1.jsonl", tmp_path / "chip.jsonl")
+    text = render(tmp_path, tmp_path / "parity.md")
+    assert "| FLOPs/step on v5e:1x1 |" in text.splitlines()[8]
+    native = next(line for line in text.splitlines() if line.startswith("|  | native |"))
+    assert native.endswith("| 12.476 GiB (1.00x) | 75.318 GiB (1.00x) | 0.000 GiB "
+                           "| 10.691 T (1.00x) |"), native

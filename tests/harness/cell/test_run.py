@@ -94,6 +94,10 @@ def test_a_cell_that_does_not_fit_is_refused_before_it_is_built(tmp_path):
     for record in ran:
         assert record.ok, record.error
         assert record.plan.planned_peak_bytes == record.memory.planned_bytes
+        # the executables the cell ran, read by the plan's HLO reader: the plan's costs
+        counted = record.cost.categories_per_step.values()
+        assert sum(c["flops"] for c in counted) == record.plan.flops_per_step > 0
+        assert sum(c["hbm_bytes"] for c in counted) == record.plan.hbm_bytes_per_step > 0
         assert record.plan.fits is True and not record.is_plan
         assert record.timing.compile_cache_hits >= len(record.plan.executables)
 
@@ -125,7 +129,7 @@ def test_a_cell_that_fits_only_without_the_captured_gradient_is_measured_without
                                                 "planned 0.00 of 0.00 GiB (step; checked in")
     assert "; measured without it, planned 0.00 of 0.00 GiB" in record.parity_not_checked
     # a cell whose parity is not asked for is planned, built and timed without the capture
-    unasked = [dataclasses.replace(c, parity=False) for c in cells]
+    unasked = expand({**TINY, "arms": ["native"], "fit_bytes": limit, "parity": False})
     _, (plain,) = run_grid(unasked, tmp_path / "unasked", env=cli_env(), timeout_s=300)
     assert plain.ok and plain.parity is None and plain.parity_not_checked is None
     assert plain.plan.planned_peak_bytes == plain.memory.planned_bytes == without

@@ -30,3 +30,25 @@ def test_rounds_that_suit_no_pairing_are_refused_before_the_device_is_probed():
         precheck({"rounds": 8, "steps": 10}, LOCKSTEP, 3)
     with pytest.raises(ValueError, match="--rounds 3: A/B needs at least 6 rounds"):
         precheck({"rounds": 3, "steps": 10}, PROCESSES, 5)
+
+
+def test_both_sides_build_the_capture_where_one_worker_always_does():
+    """A --no-parity A/B runs the trainers' own programs (no gradient capture), except
+    against a worker of protocol < 3, which always builds the capture: then both sides do,
+    so that the two time the same work."""
+    from types import SimpleNamespace
+
+    from harness.grid.expand import expand
+    from harness.jobs.ab import _tasks
+    from tests.harness.orchestrator.test_loop import TINY
+
+    grid = SimpleNamespace(cells=expand({**TINY, "arms": ["native"], "parity": False}),
+                           rounds=2)
+    sinks = {side: SimpleNamespace(run_id=side) for side in "AB"}
+
+    def captures(protocols):
+        tasks = _tasks(grid, sinks, lockstep=False, protocols=protocols)
+        return {slot.cell.capture for task in tasks for slot in task}
+
+    assert captures({"A": 3, "B": 3}) == {False}
+    assert captures({"A": 2, "B": 3}) == {True}
