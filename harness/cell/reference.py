@@ -58,7 +58,8 @@ def parity_section(spec, captured, first_loss: float, trainer_denominator: float
     step's is the first's)."""
     import jax
 
-    from arms.workload import data_digest, denominators, global_norm, rel_l2
+    from arms.workload import data_digest, denominators, rel_l2
+    from arms.workload.reference import norms
 
     batches = spec.micro_batches(0)
     dens = denominators(batches, spec.loss_fn())
@@ -68,12 +69,14 @@ def parity_section(spec, captured, first_loss: float, trainer_denominator: float
         _, exact32, _ = _exact_reference(dataclasses.replace(spec, dtype="float32"), batches,
                                          HIGHEST)
         floor = rel_l2(exact, exact32)
+    grad_l2, exact_l2, diff_l2 = norms(captured, exact)
     return Parity(
         data_digest=data_digest(batches), denominators=dens, denominator=sum(dens),
         trainer_denominator=trainer_denominator, loss=first_loss, exact_loss=exact_loss,
         loss_rel_error=abs(first_loss - exact_loss) / abs(exact_loss) if exact_loss else None,
-        grad_l2=global_norm(captured), exact_grad_l2=global_norm(exact),
-        rel_l2=rel_l2(captured, exact), tied_head=spec.model_config().tie_embeddings,
+        grad_l2=grad_l2, exact_grad_l2=exact_l2,
+        rel_l2=diff_l2 / exact_l2 if exact_l2 else diff_l2,
+        tied_head=spec.model_config().tie_embeddings,
         reference_shared=shared, floor_rel_l2=floor)
 
 
