@@ -86,13 +86,14 @@ def use_compile_cache() -> None:
 
 class CompileCounter:
     """Counts backend compiles (cold, or loaded from the persistent compilation cache: JAX
-    reports both as a backend compile) and, of those, the cache hits, through jax.monitoring
-    listeners."""
+    reports both as a backend compile), their seconds and, of those, the cache hits, through
+    jax.monitoring listeners."""
 
     def __init__(self):
         import jax
 
         self.count = 0
+        self.seconds = 0.0
         self.cache_hits = 0
         jax.monitoring.register_event_duration_secs_listener(self._on_duration)
         jax.monitoring.register_event_listener(self._on_event)
@@ -100,6 +101,7 @@ class CompileCounter:
     def _on_duration(self, event: str, duration: float, **kwargs) -> None:
         if event == "/jax/core/compile/backend_compile_duration":
             self.count += 1
+            self.seconds += duration
 
     def _on_event(self, event: str, **kwargs) -> None:
         if event == "/jax/compilation_cache/cache_hits":

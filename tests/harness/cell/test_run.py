@@ -100,6 +100,9 @@ def test_a_cell_that_does_not_fit_is_refused_before_it_is_built(tmp_path):
         assert sum(c["hbm_bytes"] for c in counted) == record.plan.hbm_bytes_per_step > 0
         assert record.plan.fits is True and not record.is_plan
         assert record.timing.compile_cache_hits >= len(record.plan.executables)
+        # the compile phase is every compile of the build (the initializer's too), not
+        # only the step's
+        assert record.phases["compile"] > record.timing.compile_s > 0
 
 
 def test_a_cell_that_fits_only_without_the_captured_gradient_is_measured_without_it(
