@@ -25,6 +25,11 @@ import pandas as pd
 
 from reports.tables import MISSING, by_shape, markdown, ok, shape_label
 
+SITE_NOTE = ("The latest run's cells on their accelerator against the plan their fit check "
+             "made of the same program there: peak in use + peak reserved (an upper bound of "
+             "the device's high-water mark) against the planned peak, a ratio more than 5% "
+             "from 1 marked gap; ms/step against the plan's roofline; MFU.")
+
 GAP = 0.05
 """|planned / measured - 1| above which a peak's difference is printed as a gap."""
 
@@ -50,18 +55,22 @@ def _ratio(planned: float | None, measured: float | None) -> str:
     return f"{ratio:.3f}" + (" **gap**" if abs(ratio - 1) > GAP else "")
 
 
-def planned_vs_measured(df: pd.DataFrame) -> str:
-    """The table of every timed cell with a plan of its own; '' where none has one."""
+HEADER = ("shape", "arm", "plan for", "peak in use GiB", "peak reserved GiB",
+          "in use + reserved GiB", "planned peak GiB", "planned / measured", "ms/step",
+          "roofline ms/step", "bound by", "measured / roofline", "MFU")
+
+
+def rows(df: pd.DataFrame) -> list[tuple[str, ...]]:
+    """One row of `HEADER` per timed cell with a plan of its own, by shape."""
     cells = by_shape(ok(df))
     if "plan_peak" not in cells:
-        return ""
-    cells = cells[cells["plan_peak"].notna()]
-    rows = []
-    for _, r in cells.iterrows():
+        return []
+    found = []
+    for _, r in cells[cells["plan_peak"].notna()].iterrows():
         planned, measured = _num(r["plan_peak"]), measured_peak(r)
         bound_s, median = _num(r.get("plan_bound_s")), _num(r["median_ms"])
         mfu = _num(r.get("mfu"))
-        rows.append((
+        found.append((
             shape_label(r), r["arm"], r.get("plan_for") or MISSING,
             _gib(_num(r["peak_bytes"])), _gib(_num(r.get("peak_reserved"))), _gib(measured),
             _gib(planned), _ratio(planned, measured),
@@ -70,9 +79,10 @@ def planned_vs_measured(df: pd.DataFrame) -> str:
             r.get("plan_bound_by") or MISSING,
             MISSING if not (bound_s and median) else f"{median / (bound_s * 1e3):.2f}",
             MISSING if mfu is None else f"{mfu:.1%}"))
-    if not rows:
-        return ""
-    return markdown(["shape", "arm", "plan for", "peak in use GiB", "peak reserved GiB",
-                     "in use + reserved GiB", "planned peak GiB", "planned / measured",
-                     "ms/step", "roofline ms/step", "bound by", "measured / roofline", "MFU"],
-                    rows)
+    return found
+
+
+def planned_vs_measured(df: pd.DataFrame) -> str:
+    """The markdown table of `rows`; '' where no cell has a plan of its own."""
+    found = rows(df)
+    return markdown(list(HEADER), found) if found else ""

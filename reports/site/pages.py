@@ -270,6 +270,25 @@ def roofline(history: CellHistory) -> str:
             f"<tbody>{rows}</tbody></table>")
 
 
+def planned_vs_measured(history: CellHistory) -> str:
+    """The latest timed run beside the plan its cells made of their own program on their
+    device (a run on an accelerator: reports.measured)."""
+    from reports import measured
+    from reports.frame import to_frame
+
+    latest = history.latest
+    found = measured.rows(to_frame(latest.records)) if latest else []
+    if not found:
+        return ('<p class="note">No run of this cell carries a plan of its own program '
+                "(a run on an accelerator does: its fit check's plan).</p>")
+    head = "".join(f"<th>{_e(h)}</th>" for h in measured.HEADER[2:])
+    body = "".join("<tr>" + "".join(
+        f'<td class="num">{_e(v).replace("**gap**", "<b>gap</b>")}</td>' for v in row[2:])
+        + "</tr>" for row in found)
+    return (f'<p class="note">{_e(measured.SITE_NOTE)}</p>'
+            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+
+
 def cell(history: CellHistory) -> str:
     """A cell's page: its timing, cost and plan histories, the latest run's step times,
     its traces, the changes and a table of recent runs."""
@@ -301,6 +320,8 @@ def cell(history: CellHistory) -> str:
             + _figure("plan", charts.plan(history),
                       "No plan records (parity nightly --plan adds them).")
             + "<h3>Roofline of the latest plan</h3>" + roofline(history)
+            + "<h3>Planned vs measured (the latest run's own plan)</h3>"
+            + planned_vs_measured(history)
             + "<h2>Latest run: every step</h2>"
             + _figure("distribution", charts.distribution(latest) if latest else None,
                       "No finished timed run.")

@@ -55,3 +55,18 @@ def test_cells_run_on_the_chip_lead_with_their_own_plans_exact_costs(tmp_path):
     native = next(line for line in text.splitlines() if line.startswith("|  | native |"))
     assert native.endswith("| 12.476 GiB (1.00x) | 75.318 GiB (1.00x) | 0.000 GiB "
                            "| 10.691 T (1.00x) |"), native
+
+
+def test_the_dashboard_cell_page_shows_planned_vs_measured(tmp_path):
+    from reports.record import read_dir
+    from reports.site import writer
+
+    shutil.copy(CHIP / "chip-s1024-ga1.jsonl", tmp_path / "chip.jsonl")
+    out = tmp_path / "site"
+    writer.publish(read_dir(tmp_path), out, source="chip")
+    pages = {p.name: p.read_text() for p in (out / "cells").glob("*.html")}
+    native = next(t for n, t in pages.items() if n.startswith("native"))
+    section = native.split("Planned vs measured (the latest run's own plan)</h3>")[1]
+    assert '<td class="num">12.476</td><td class="num">1.020</td>' in section
+    fused = next(t for n, t in pages.items() if n.startswith("engine-fused"))
+    assert '<td class="num">0.865 <b>gap</b></td>' in fused
