@@ -1,0 +1,66 @@
+"""The `engine` arm with one host-path optimization switched off, to measure what each is
+worth against `engine` (`parity run --plugin arms.ablations --arms engine,engine-no-state-cache`).
+
+Each is the same TrainingEngine, the same kernels and the same work (the same gradient, to
+the bit); one behaviour of the host's side is changed on the built engine instance, the way
+a user's code could defeat it:
+
+- `engine-no-state-cache`: the pure-state cache off. Before every step the engine splits the
+  NNX model graph again (`nnx.split`) and copies the state into place: the path it takes
+  anyway once `engine.model` is changed from outside (DESIGN item 7).
+- `engine-eager-metrics`: each step's metrics read to the host as soon as the step is
+  dispatched, which waits for the step, instead of after the next step's dispatch (item 9).
+- `engine-unbounded-metrics`: the metrics history keeps every step (item 6); over a timed
+  window of a few dozen steps it holds as few as the default window does, so it shows only
+  in long runs.
+
+The two optimizations of the seed that are properties of the compiled kernels (no dead
+computation, item 8; a scalar throttler marker, item 5) cannot be switched off on an
+instance: their tests (tests/engine/test_optimizations.py) count the kernels' outputs and the
+marker's shape instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from arms.engine_arm import EngineArm
+from arms.registry import register
+
+UNBOUNDED = 2**62
+"""A metrics window no run reaches."""
+
+
+class NoStateCache(EngineArm):
+    trainer = "engine-no-state-cache"
+
+    def build(self) -> None:
+        super().build()
+        self.engine._cache_enabled = False  # re-split and re-place the model every step
+
+
+class EagerMetrics(EngineArm):
+    trainer = "engine-eager-metrics"
+
+    def step(self, micro_batches):
+        out = super().step(micro_batches)
+        self.engine.recorder.publish_pending()  # reads this step's metrics now: waits for it
+        return out
+
+
+class UnboundedMetrics(EngineArm):
+    trainer = "engine-unbounded-metrics"
+
+    def _engine(self, model):
+        engine = super()._engine(model)
+        engine.config = dataclasses.replace(engine.config, metrics_window=UNBOUNDED)
+        engine.recorder.history = type(engine.recorder.history)()  # no maxlen
+        engine.recorder.window = UNBOUNDED
+        return engine
+
+
+ABLATIONS = {cls.trainer: cls for cls in (NoStateCache, EagerMetrics, UnboundedMetrics)}
+"""Arm name -> its class."""
+
+for _name, _cls in ABLATIONS.items():
+    register(_name, lambda spec, _cls=_cls, **options: _cls(spec, "decoder", **options))

@@ -1,0 +1,68 @@
+"""arms.ablations: the engine arm with one host-path optimization switched off does the
+same work (the same gradient, to the bit) and changes exactly the behaviour it names."""
+
+import jax
+import numpy as np
+from flax import nnx
+
+from arms import ablations
+from arms.registry import make_arm
+from arms.spec import CellSpec
+
+SPEC = CellSpec(preset="tiny", seq=32, batch=8, ga=2, ragged=(64, 16))
+
+
+def _steps(name, steps=3, monkeypatch=None, splits=None):
+    arm = make_arm(name, SPEC)
+    arm.build()
+    batches = arm.place(SPEC.micro_batches())
+    history = []
+    if splits is not None:
+        real = nnx.split
+        monkeypatch.setattr(nnx, "split", lambda *a, **k: splits.append(1) or real(*a, **k))
+    for _ in range(steps):
+        arm.step(batches)
+        history.append(len(arm.engine.recorder.history))
+    if splits is not None:
+        monkeypatch.setattr(nnx, "split", real)
+    first = np.concatenate([np.ravel(x) for x in jax.tree.leaves(
+        jax.device_get(arm.captured_gradient()))])
+    return arm, history, first
+
+
+def test_every_ablation_does_the_engines_work_to_the_bit():
+    _, _, engine = _steps("engine", steps=1)
+    for name in ablations.ABLATIONS:
+        arm, _, grad = _steps(name, steps=1)
+        assert np.array_equal(grad, engine), name
+        assert arm.about().startswith(f"plugin arm {name} on ")
+        arm.close()
+
+
+def test_without_the_state_cache_every_step_splits_the_model_graph(monkeypatch):
+    splits = []
+    arm, _, _ = _steps("engine", monkeypatch=monkeypatch, splits=splits)
+    assert splits == []  # the cached pure state is reused
+    arm.close()
+    arm, _, _ = _steps("engine-no-state-cache", monkeypatch=monkeypatch, splits=splits)
+    assert len(splits) == 3  # one split of the whole graph per step
+    arm.close()
+
+
+def test_eager_metrics_read_each_step_before_the_next_is_dispatched():
+    arm, deferred, _ = _steps("engine")
+    assert deferred == [0, 1, 2]  # step k is read after step k + 1's first dispatch
+    arm.close()
+    arm, eager, _ = _steps("engine-eager-metrics")
+    assert eager == [1, 2, 3]
+    arm.close()
+
+
+def test_unbounded_metrics_keep_every_step():
+    arm, _, _ = _steps("engine")
+    assert arm.engine.recorder.history.maxlen == 128
+    arm.close()
+    arm, _, _ = _steps("engine-unbounded-metrics")
+    assert arm.engine.recorder.history.maxlen is None
+    assert arm.engine.config.metrics_window == ablations.UNBOUNDED
+    arm.close()
