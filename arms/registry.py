@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -124,8 +125,12 @@ def make_arm(name: str, spec: CellSpec, **options) -> Arm:
     """An unbuilt arm by name; call `.build()` to compile it (or `.plan()`). `options` go to
     the Arm (`devices`, `capture`); a plugin arm takes none."""
     if name in _PLUGINS:
+        factory = _PLUGINS[name]
+        if "capture" in options and not _takes(factory, "capture"):
+            # a plugin that builds its own arm keeps its own capture (the check reads it)
+            options = {k: v for k, v in options.items() if k != "capture"}
         try:
-            return _PLUGINS[name](spec, **options)
+            return factory(spec, **options)
         except TypeError:
             if not options:
                 raise
@@ -133,6 +138,12 @@ def make_arm(name: str, spec: CellSpec, **options) -> Arm:
                              "factory cannot build it for another mesh (a plan)") from None
     trainer, model = resolve(name)
     return TRAINERS[trainer].arm_class()(spec, model, **options)
+
+
+def _takes(factory: Callable, option: str) -> bool:
+    """Whether `factory` accepts keyword `option` (by name, or through **kwargs)."""
+    parameters = inspect.signature(factory).parameters.values()
+    return any(p.name == option or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def preload(name: str) -> None:

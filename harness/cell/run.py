@@ -58,11 +58,8 @@ def run_cell(run: CellRun, phases: Phases | None = None,
         if not fit.fits:
             return fit.failure()
     run = run if capture else dataclasses.replace(run, parity=False)
-    compiled_before = compiles.seconds
+    compiled_before = compiles.seconds  # every compile of the build is the compile phase
     arm, build_s = sections.build_arm(run.arm, spec, capture)
-    # every backend compile of the build (initializer, optimizer state, step), cold or
-    # loaded from the cache, is the compile phase; the rest (tracing, running the
-    # initializer) stays the build's
     phases.end("build", less={"compile": compiles.seconds - compiled_before})
     batches = arm.place(spec.micro_batches(0))
     first_loss, captured = sections.warm_up(arm, batches, run)

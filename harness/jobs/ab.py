@@ -119,7 +119,7 @@ def ab(ref_a: str, ref_b: str, request: Request, options: dict, *,
         if pairing == LOCKSTEP:
             check_lockstep(refs)
         sinks = {side: _sink(ref, grid, ab_id, Path(tmp)) for side, ref in refs.items()}
-        tasks = _tasks(grid, sinks, lockstep=pairing == LOCKSTEP,
+        tasks = side_tasks(grid, sinks, lockstep=pairing == LOCKSTEP,
                        protocols={side: ref.protocol.version for side, ref in refs.items()})
         executor = (LockstepPairs(timeout_s=grid.timeout_s, slices=slices)
                     if pairing == LOCKSTEP else
@@ -155,8 +155,8 @@ def _sink(ref: Ref, grid: Grid, ab_id: str, tmp: Path) -> Sink:
                 ab=ABTag(side=ref.side, sha=ref.sha), worker_module=ref.protocol.worker_module)
 
 
-def _tasks(grid: Grid, sinks: dict[str, Sink], *, lockstep: bool,
-           protocols: dict[str, int]) -> list[Task]:
+def side_tasks(grid: Grid, sinks: dict[str, Sink], *, lockstep: bool,
+               protocols: dict[str, int]) -> list[Task]:
     """Per scheduled cell, A's and B's slots (A first in even rounds, B first in odd ones):
     one task of both in lockstep, else a task each. A worker of protocol < 3 always builds
     the gradient capture: both sides then do, so that they time the same work."""

@@ -39,7 +39,7 @@ def test_both_sides_build_the_capture_where_one_worker_always_does():
     from types import SimpleNamespace
 
     from harness.grid.expand import expand
-    from harness.jobs.ab import _tasks
+    from harness.jobs.ab import side_tasks
     from tests.harness.orchestrator.test_loop import TINY
 
     grid = SimpleNamespace(cells=expand({**TINY, "arms": ["native"], "parity": False}),
@@ -47,7 +47,7 @@ def test_both_sides_build_the_capture_where_one_worker_always_does():
     sinks = {side: SimpleNamespace(run_id=side) for side in "AB"}
 
     def captures(protocols):
-        tasks = _tasks(grid, sinks, lockstep=False, protocols=protocols)
+        tasks = side_tasks(grid, sinks, lockstep=False, protocols=protocols)
         return {slot.cell.capture for task in tasks for slot in task}
 
     assert captures({"A": 3, "B": 3}) == {False}
