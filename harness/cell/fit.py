@@ -109,9 +109,8 @@ def fit_cell(run: CellRun, spec, compiles) -> tuple[FitCheck | None, bool, str |
     capture, why its parity will not be checked or None). A cell none of whose rounds checks
     parity (`CellRun.capture` off) runs its arm without the capture (the program its users
     run). Otherwise every round runs it with the capture, so all its rounds time one
-    program; a program that does not
-    fit with it but does without it is measured without it, and says why its parity was not
-    checked. The check is None where none applies."""
+    program; a program that does not fit with it but does without it is measured without
+    it, and says why its parity was not checked. The check is None where none applies."""
     fit = check_fit(run, spec, compiles, capture=run.capture)
     if fit is None or fit.fits or not run.capture:
         return fit, run.capture, None

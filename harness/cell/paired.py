@@ -76,7 +76,7 @@ def run_paired(runs: Sequence[CellRun], slices: int, phases: Phases,
     compiles = start_backend(phases)
     built = []
     for run in runs:
-        arm, build_s = build_arm(run.arm, spec)
+        arm, build_s = build_arm(run.arm, spec, run.capture)
         batches = arm.place(spec.micro_batches(0))
         first_loss, captured = warm_up(arm, batches, run)
         built.append((run, arm, batches, build_s, first_loss, captured))
