@@ -51,12 +51,8 @@ class EagerMetrics(EngineArm):
 class UnboundedMetrics(EngineArm):
     trainer = "engine-unbounded-metrics"
 
-    def _engine(self, model):
-        engine = super()._engine(model)
-        engine.config = dataclasses.replace(engine.config, metrics_window=UNBOUNDED)
-        engine.recorder.history = type(engine.recorder.history)()  # no maxlen
-        engine.recorder.window = UNBOUNDED
-        return engine
+    def engine_config(self):
+        return dataclasses.replace(super().engine_config(), metrics_window=UNBOUNDED)
 
 
 ABLATIONS = {cls.trainer: cls for cls in (NoStateCache, EagerMetrics, UnboundedMetrics)}

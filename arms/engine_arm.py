@@ -28,12 +28,14 @@ class EngineArm(Arm):
     arguments: between micro-batches and during them the optimizer state waits in memory;
     the update takes the whole train state but the model's non-Param state."""
 
+    def engine_config(self) -> EngineConfig:
+        """The engine's configuration for this cell."""
+        return EngineConfig(gradient_accumulation_steps=self.spec.ga,
+                            gradient_clipping_threshold=self.spec.clip)
+
     def _engine(self, model) -> TrainingEngine:
-        spec = self.spec
-        return TrainingEngine(
-            model, self.optimizer(), spec.loss_fn(), mesh=self.mesh, rules=self.rules,
-            config=EngineConfig(gradient_accumulation_steps=spec.ga,
-                                gradient_clipping_threshold=spec.clip))
+        return TrainingEngine(model, self.optimizer(), self.spec.loss_fn(), mesh=self.mesh,
+                              rules=self.rules, config=self.engine_config())
 
     @property
     def _paths(self) -> tuple[str]:

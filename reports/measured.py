@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from reports.tables import MISSING, by_shape, markdown, ok, shape_label
+from reports.tables import MISSING, by_shape, markdown, number, ok, shape_label
 
 SITE_NOTE = ("The latest run's cells on their accelerator against the plan their fit check "
              "made of the same program there: peak in use + peak reserved (an upper bound of "
@@ -34,17 +34,13 @@ GAP = 0.05
 """|planned / measured - 1| above which a peak's difference is printed as a gap."""
 
 
-def _num(value) -> float | None:
-    return None if value is None or pd.isna(value) else float(value)
-
-
 def _gib(value: float | None) -> str:
     return MISSING if value is None else f"{value / 2**30:.3f}"
 
 
 def measured_peak(row) -> float | None:
     """peak in use + peak reserved (bytes), None where either is not known."""
-    in_use, reserved = _num(row["peak_bytes"]), _num(row.get("peak_reserved"))
+    in_use, reserved = number(row["peak_bytes"]), number(row.get("peak_reserved"))
     return None if in_use is None or reserved is None else in_use + reserved
 
 
@@ -67,12 +63,12 @@ def rows(df: pd.DataFrame) -> list[tuple[str, ...]]:
         return []
     found = []
     for _, r in cells[cells["plan_peak"].notna()].iterrows():
-        planned, measured = _num(r["plan_peak"]), measured_peak(r)
-        bound_s, median = _num(r.get("plan_bound_s")), _num(r["median_ms"])
-        mfu = _num(r.get("mfu"))
+        planned, measured = number(r["plan_peak"]), measured_peak(r)
+        bound_s, median = number(r.get("plan_bound_s")), number(r["median_ms"])
+        mfu = number(r.get("mfu"))
         found.append((
             shape_label(r), r["arm"], r.get("plan_for") or MISSING,
-            _gib(_num(r["peak_bytes"])), _gib(_num(r.get("peak_reserved"))), _gib(measured),
+            _gib(number(r["peak_bytes"])), _gib(number(r.get("peak_reserved"))), _gib(measured),
             _gib(planned), _ratio(planned, measured),
             MISSING if median is None else f"{median:.1f}",
             MISSING if bound_s is None else f"{bound_s * 1e3:.1f}",

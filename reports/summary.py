@@ -33,6 +33,7 @@ from reports.tables import (
     not_checked,
     not_comparable,
     not_run,
+    number,
     ok,
     recompiles,
     same_shape,
@@ -62,8 +63,7 @@ PLANNED = [  # the same, from a `parity plan` record of the same arm and shape
 def _value(row, column):
     if row is None or column not in row.index:
         return None
-    value = row[column]
-    return None if value is None or pd.isna(value) else float(value)
+    return number(row[column])
 
 
 def _exact_cell(row, base, column, fmt) -> str:

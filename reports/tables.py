@@ -207,9 +207,13 @@ def not_comparable(df: pd.DataFrame, row, other_arm: str) -> str:
     return ""
 
 
-def work_ratio(row) -> float | None:
-    value = row["flops_per_model_flop"]
+def number(value) -> float | None:
+    """A frame cell as a float; None where it holds none (None, or NaN)."""
     return None if value is None or pd.isna(value) else float(value)
+
+
+def work_ratio(row) -> float | None:
+    return number(row["flops_per_model_flop"])
 
 
 def parity_cell(row) -> str:

@@ -33,7 +33,6 @@ names one (`CellRun.fit_bytes`: the tests, or a user keeping headroom).
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 
 from harness.contract import OOM_MARKERS, CellRun
@@ -41,10 +40,6 @@ from reports.record import Failure, Plan, Record
 
 DOES_NOT_FIT = "does-not-fit"
 """The failure reason of a cell refused by its fit check."""
-
-_REFUSED = re.compile(r"memory required for .*?\(([0-9.]+)([KMGT])\) exceeds available HBM "
-                      r"\(([0-9.]+)([KMGT])\)")
-_UNIT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -133,6 +128,7 @@ def check_fit(run: CellRun, spec, compiles, capture: bool = True) -> FitCheck | 
     import jax
 
     from arms.registry import make_arm
+    from harness.xla.target import REFUSED, size_bytes
 
     if not applies(run):
         return None
@@ -146,11 +142,11 @@ def check_fit(run: CellRun, spec, compiles, capture: bool = True) -> FitCheck | 
     try:
         compiled = _compile(arm_plan)
     except Exception as err:  # the compiler's own refusal of a program too large
-        refused = _REFUSED.search(str(err))
+        refused = REFUSED.search(str(err))
         if refused is None or not any(m in str(err) for m in OOM_MARKERS):
             raise
-        need, unit = refused.group(1), refused.group(2)
-        return FitCheck(planned=int(float(need) * _UNIT[unit]), capacity=capacity, plan=None,
+        return FitCheck(planned=size_bytes(refused.group(1), refused.group(2)),
+                        capacity=capacity, plan=None,
                         where=f"refused by the compiler: {refused.group(0)}",
                         seconds=time.perf_counter() - start, cached=False)
     plan = _summarize(arm, arm_plan, compiled, spec, capacity)

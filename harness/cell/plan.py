@@ -41,6 +41,7 @@ from pathlib import Path
 
 import jax
 
+from harness.store.results import write_whole
 from harness.xla import peak
 from reports.record import ExecutablePlan, Plan, Record
 
@@ -107,13 +108,10 @@ def compile_for_plan(lowered: jax.stages.Lowered, options: dict | None, target: 
     found = CompiledPlan(memory=memory, text=text, compile_s=seconds, cached=False,
                          peak=held, peak_unavailable=why, hlo_stage_s=hlo_s)
     if path is not None:  # whole, by rename: a concurrent reader sees it or nothing
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.partial")
-        partial.write_bytes(gzip.compress(json.dumps(
+        write_whole(path, gzip.compress(json.dumps(
             {"memory": found.memory, "text": found.text, "peak": found.peak,
              "peak_unavailable": found.peak_unavailable, "peak_version": peak.VERSION}
         ).encode(), compresslevel=3))
-        partial.replace(path)
     return found
 
 

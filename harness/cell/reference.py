@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 
 from harness.contract import OOM_MARKERS, REFERENCE_DIR, reference_file
+from harness.store.results import write_whole
 from reports.record import Parity
 
 DEFAULT, HIGHEST = "default", "highest"
@@ -59,7 +60,7 @@ def parity_section(spec, captured, first_loss: float, trainer_denominator: float
     import jax
 
     from arms.workload import data_digest, denominators, rel_l2
-    from arms.workload.reference import norms
+    from arms.workload.reference import norms, relative
 
     batches = spec.micro_batches(0)
     dens = denominators(batches, spec.loss_fn())
@@ -75,7 +76,7 @@ def parity_section(spec, captured, first_loss: float, trainer_denominator: float
         trainer_denominator=trainer_denominator, loss=first_loss, exact_loss=exact_loss,
         loss_rel_error=abs(first_loss - exact_loss) / abs(exact_loss) if exact_loss else None,
         grad_l2=grad_l2, exact_grad_l2=exact_l2,
-        rel_l2=diff_l2 / exact_l2 if exact_l2 else diff_l2,
+        rel_l2=relative(diff_l2, exact_l2),
         tied_head=spec.model_config().tie_embeddings,
         reference_shared=shared, floor_rel_l2=floor)
 
@@ -97,11 +98,8 @@ def _exact_reference(spec, batches, precision: str) -> tuple[float, dict, bool]:
         return float(stored["loss"]), stored["gradient"], True
     exact_loss, exact = _compute_reference(spec, batches, precision)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.partial")
-        partial.write_bytes(serialization.msgpack_serialize(
+        write_whole(path, serialization.msgpack_serialize(
             {"loss": exact_loss, "gradient": exact}))
-        partial.replace(path)
     return exact_loss, exact, False
 
 

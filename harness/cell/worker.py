@@ -5,12 +5,14 @@ cell (a failure is a record too), and exits 0 when every record is ok."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
 from harness.cell.phases import Phases, init_distributed
 from harness.cell.run import exception_failure, run_cell
 from harness.contract import PROTOCOL, SPAWNED_AT, cell_from_json, progress_file, worker_parser
+from harness.store.results import write_whole
 from reports.record import Environment, Record, section
 
 
@@ -25,12 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     spawned = os.environ.get(SPAWNED_AT)
     phases = Phases(float(spawned) if spawned else None, progress=progress_file(args.out))
     cells = json.loads(args.cell)
-    found: list[Environment] = []
-
-    def environment_once() -> Environment:
-        if not found:
-            found.append(_environment())
-        return found[0]
+    environment_once = functools.cache(_environment)
 
     def keep(record: Record) -> None:  # the measured record, before its gradient check
         record.environment, record.phases = environment_once(), dict(phases.seconds)
@@ -50,12 +47,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write(path: str, data) -> None:
-    """`data` as JSON at `path`, whole (by rename): the parent reads the last whole record
-    written, whenever this process ends."""
-    partial = f"{path}.partial"
-    with open(partial, "w") as out:
-        json.dump(data, out)
-    os.replace(partial, path)
+    """`data` as JSON at `path`, whole: the parent reads the last whole record written,
+    whenever this process ends."""
+    write_whole(path, json.dumps(data).encode())
 
 
 def _single(run, phases: Phases, keep) -> Record:

@@ -120,7 +120,7 @@ def ab(ref_a: str, ref_b: str, request: Request, options: dict, *,
             check_lockstep(refs)
         sinks = {side: _sink(ref, grid, ab_id, Path(tmp)) for side, ref in refs.items()}
         tasks = side_tasks(grid, sinks, lockstep=pairing == LOCKSTEP,
-                       protocols={side: ref.protocol.version for side, ref in refs.items()})
+                           protocols={side: ref.protocol.version for side, ref in refs.items()})
         executor = (LockstepPairs(timeout_s=grid.timeout_s, slices=slices)
                     if pairing == LOCKSTEP else
                     # One cell per process and side; an older ref has no zygote.

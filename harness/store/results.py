@@ -51,6 +51,16 @@ def append(path: str | Path, record: Record) -> None:
         os.close(fd)
 
 
+def write_whole(path: str | Path, data: bytes) -> None:
+    """`data` as the file `path`, whole, by rename from a file of this process's own beside
+    it: a reader sees the file before, the file after or none, never a part of it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    partial.write_bytes(data)
+    partial.replace(path)
+
+
 def check_appendable(path: Path) -> None:
     """Raises ValueError unless records can be appended to `path` (absent, or whole lines
     that read back as records)."""

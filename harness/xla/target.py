@@ -155,8 +155,17 @@ def compile_plan(lowered: jax.stages.Lowered,
         return lowered.compile(compiler_options=options)
 
 
-_AVAILABLE = re.compile(r"exceeds available HBM \(([0-9.]+)([KMGT])\)")
+_SIZE = r"\(([0-9.]+)([KMGT])\)"
+_AVAILABLE = re.compile(rf"exceeds available HBM {_SIZE}")
+REFUSED = re.compile(rf"memory required for .*?{_SIZE} exceeds available HBM {_SIZE}")
+"""XLA:TPU's refusal of a program too large for a device: the bytes it needs (groups 1-2)
+and those available (3-4), each as the compiler writes it ("16.30", "G")."""
 _UNIT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def size_bytes(number: str, unit: str) -> int:
+    """A size as XLA's messages write it ("15.75", "G") in bytes."""
+    return int(float(number) * _UNIT[unit])
 
 
 def available_hbm(device: jax.Device) -> int | None:
@@ -174,7 +183,7 @@ def available_hbm(device: jax.Device) -> int | None:
     except Exception as err:  # JaxRuntimeError: RESOURCE_EXHAUSTED, the figure wanted
         found = _AVAILABLE.search(str(err))
         if found:
-            return int(float(found.group(1)) * _UNIT[found.group(2)])
+            return size_bytes(found.group(1), found.group(2))
     return None
 
 

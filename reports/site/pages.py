@@ -11,7 +11,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from reports import costs, regression
+from reports import costs, measured, regression
+from reports.frame import to_frame
 from reports.site import assets, charts
 from reports.site.history import (
     VERDICTS,
@@ -273,9 +274,6 @@ def roofline(history: CellHistory) -> str:
 def planned_vs_measured(history: CellHistory) -> str:
     """The latest timed run beside the plan its cells made of their own program on their
     device (a run on an accelerator: reports.measured)."""
-    from reports import measured
-    from reports.frame import to_frame
-
     latest = history.latest
     found = measured.rows(to_frame(latest.records)) if latest else []
     if not found:

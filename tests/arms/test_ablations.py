@@ -63,6 +63,6 @@ def test_unbounded_metrics_keep_every_step():
     assert arm.engine.recorder.history.maxlen == 128
     arm.close()
     arm, _, _ = _steps("engine-unbounded-metrics")
-    assert arm.engine.recorder.history.maxlen is None
+    assert arm.engine.recorder.history.maxlen == ablations.UNBOUNDED
     assert arm.engine.config.metrics_window == ablations.UNBOUNDED
     arm.close()

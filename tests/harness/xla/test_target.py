@@ -32,3 +32,21 @@ def test_a_device_that_is_not_a_tpu_is_named_by_its_kind():
     from harness.xla.target import local_target
 
     assert local_target(jax.devices()) == jax.devices()[0].device_kind == "cpu"
+
+
+def test_the_compilers_refusal_on_the_v5e_reads_as_needed_and_available_bytes():
+    """The words XLA:TPU refused peft-decoder's batch-8 step with on the v5e chip
+    (docs/results/tpu-v5e/chip-batch8.jsonl)."""
+    import json
+    from pathlib import Path
+
+    from harness.xla.target import REFUSED, size_bytes
+
+    chip = Path(__file__).resolve().parents[3] / "docs/results/tpu-v5e/chip-batch8.jsonl"
+    (message,) = [json.loads(line)["error"]["message"] for line in chip.open()
+                  if '"peft-decoder"' in line]
+    found = REFUSED.search(message)
+    assert found.group(0) == ("memory required for HLO temporaries (16.30G) exceeds "
+                              "available HBM (15.75G)")
+    assert size_bytes(*found.group(1, 2)) == int(16.30 * 2**30)
+    assert size_bytes(*found.group(3, 4)) == int(15.75 * 2**30)
