@@ -11,8 +11,9 @@ An out directory (`parity run/plan/ab --out`, `parity nightly --history`) holds:
     nightly/                         the nightly's markdown and plots (default --report)
 
 where `<cell>` is `<arm>-<preset>-s<seq>-b<batch>-ga<ga>[-r<round>]` (`cell_path`). A run's
-shared store (`RunStore`, a temp dir for the run's duration) holds a JSON compilation cache
-per arm, the exact reference of each spec, and the zygotes' logs.
+shared store (`RunStore`, a temp dir for the run's duration) holds a compilation cache per
+arm (kept elsewhere with $PARITY_COMPILE_CACHE: `compile_root`), the exact reference of
+each spec, and the zygotes' logs.
 """
 
 from __future__ import annotations
@@ -29,6 +30,17 @@ from harness.system.reaper import REAPER
 from reports.record import path_safe
 
 _issued: set[str] = set()
+
+
+def compile_root(store_root: Path) -> Path:
+    """Where the cells of a run keep their compilation caches (one per arm under it):
+    $PARITY_COMPILE_CACHE where the run's own environment sets it, kept after the run (so a
+    later run, or a resumed one, loads the programs an earlier run compiled: on an
+    accelerator the first compile of a 0.6 B model's step and initializer takes tens of
+    seconds a cell), else the run's temp store, gone with it. A loaded program is the
+    executable a cold compile builds; the records count the cache hits."""
+    kept = os.environ.get(COMPILE_CACHE)
+    return Path(kept) if kept else store_root / "compile"
 
 
 def new_run_id(prefix: str = "") -> str:
@@ -122,7 +134,7 @@ class RunStore:
     def cell_env(self, arms: list[str]) -> dict[str, str]:
         """The variables that point a worker of `arms` (one, or those paired in one process)
         at what it shares with the run's other cells."""
-        return {COMPILE_CACHE: str(self.root / "compile" / path_safe("+".join(arms))),
+        return {COMPILE_CACHE: str(compile_root(self.root) / path_safe("+".join(arms))),
                 REFERENCE_DIR: str(self.root / "reference")}
 
     def zygote_log(self, arm: str, number: int) -> Path:
