@@ -10,8 +10,8 @@ def test_compile_cache_is_the_run_store_s_unless_the_environment_keeps_one(tmp_p
                                                                            monkeypatch):
     monkeypatch.delenv(COMPILE_CACHE, raising=False)
     with RunStore.temporary() as store:
-        env = store.cell_env(["engine", "native"])
-        assert Path(env[COMPILE_CACHE]) == Path(store.root) / "compile" / "engine_native"  # path-safe
+        env = store.cell_env(["engine", "native"])  # their names made path-safe
+        assert Path(env[COMPILE_CACHE]) == Path(store.root) / "compile" / "engine_native"
         assert Path(env[REFERENCE_DIR]) == Path(store.root) / "reference"
     kept = tmp_path / "kept"
     monkeypatch.setenv(COMPILE_CACHE, str(kept))
