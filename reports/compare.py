@@ -121,7 +121,8 @@ def compare_cells(old: Cell, new: Cell, *, paired: bool = False,
         # Lockstep A/B: slice i of both sides' run r ran next to each other.
         timing = stats.compare_slices(*sliced)
     else:
-        timing = stats.compare(old.runs, new.runs, paired=pair, busy=busy,
+        backend = stats.one_backend(r.environment.backend for r in (*old.ok, *new.ok))
+        timing = stats.compare(old.runs, new.runs, paired=pair, busy=busy, backend=backend,
                                min_effect=None if full_ci else min_effect)
     return CellComparison(name=new.name, old=old, new=new, timing=timing,
                           verdict=stats.verdict(timing, min_effect),

@@ -24,8 +24,9 @@ code. The rule:
   could reach 95% at all (`luck_bound`: 6+ interleaved pairs, or e.g. 4 + 4 independent
   runs), the CI decides. With fewer, the bootstrap cannot see how far whole processes of
   identical code fall apart, so the CI is widened by the *process-spread bound*
-  (`spread_bound`): a log-normal process offset of SD `PROCESS_LOG_SD` (or the runs' own
-  spread, if larger) on each side, at the confidence's normal quantile. An effect beyond the
+  (`spread_bound`): a log-normal process offset of SD `prior_log_sd` (the CPU machine's
+  `PROCESS_LOG_SD`, a TPU's `TPU_PROCESS_LOG_SD`; or the runs' own spread, if larger) on
+  each side, at the confidence's normal quantile. An effect beyond the
   widened CI is decided (a tripled step time with one run a side is slower); one inside it
   is "too few samples", never significant. Otherwise "no detectable difference";
 - MDE (minimum detectable effect): the CI's half-width relative to the ratio.
@@ -69,6 +70,16 @@ where another process shared the machine for part of the run (which `timing.othe
 now shows). 0.25 is taken: a quieter host (an accelerator) spreads less, so this errs
 towards "too few samples", never towards a false verdict. With one run a side the bound is
 a factor exp(1.96 x 0.25 x sqrt(2)) = 2.0."""
+TPU_PROCESS_LOG_SD = 0.01
+"""The same where every run ran on a TPU (the record's backend `tpu`): a step there is the
+chip's, which no other process shares, and its process-to-process spread is far below the
+CPU machine's. Measured on one TPU v5e chip (docs/results/tpu-v5e/chip-h2h-*.jsonl, 10 cells of
+qwen3-0.6b each run as 2 processes of identical code, 20 steps each, host-bound and
+device-bound arms alike): pooled SD of log(per-process median) 0.00044 over 10 degrees of
+freedom (95% upper bound 0.0007, chi-square), the largest pair 0.15% apart. 0.01 is taken,
+14x the upper bound, for hosts and chips not yet measured: with 2 runs a side the bound is
+exp(1.96 x 0.01) = 1.020, still under `MIN_EFFECT`. The runs' own spread widens it where
+larger (`spread_bound`)."""
 BUSY_PROCESS_LOG_SD = 0.5
 """The same where a run shared the machine with other processes (`Timing.other_load` above
 `MAX_OTHER_LOAD`): a contended process ran at up to 2.4x the median of identical code here,
@@ -147,14 +158,15 @@ def _resampled_medians(runs: list[np.ndarray], picks: np.ndarray,
 
 
 def compare(old: Runs, new: Runs, *, paired: bool = False, seed: int = SEED,
-            resamples: int = RESAMPLES, busy: bool = False,
+            resamples: int = RESAMPLES, busy: bool = False, backend: str | None = None,
             min_effect: float | None = None) -> Comparison:
     """median(new)/median(old) with a two-level (runs, then steps) bootstrap CI.
 
     `paired`: run i of `old` ran next to run i of `new` (interleaved rounds); needs the same
     number of runs on both sides and resamples them together. Too few pairs to ever reach the
     confidence (`luck_bound`) are resampled as independent runs instead, which may. `busy`:
-    a run shared the machine with other processes (its process-spread bound is wider).
+    a run shared the machine with other processes (its process-spread bound is wider);
+    `backend`: the one backend every run ran on (`prior_log_sd`).
 
     `min_effect`: the caller wants only the verdict at this minimum effect, so the bootstrap
     is skipped (`low`/`high` None) where the ratio alone decides it: a ratio less than
@@ -172,7 +184,8 @@ def compare(old: Runs, new: Runs, *, paired: bool = False, seed: int = SEED,
                                    < 1 + min_effect):
         return Comparison(ratio=ratio, low=None, high=None, runs_old=len(old_runs),
                           runs_new=len(new_runs), min_steps=min_steps, paired=paired,
-                          spread_bound=spread_bound(old_runs, new_runs, busy=busy))
+                          spread_bound=spread_bound(old_runs, new_runs, busy=busy,
+                                                      backend=backend))
     rng = np.random.default_rng(seed)
     picks_old = rng.integers(0, len(old_runs), (resamples, len(old_runs)))
     picks_new = (picks_old if paired
@@ -184,7 +197,8 @@ def compare(old: Runs, new: Runs, *, paired: bool = False, seed: int = SEED,
                       high=float(np.percentile(ratios, 100 - tail)),
                       runs_old=len(old_runs), runs_new=len(new_runs),
                       min_steps=min_steps, paired=paired,
-                      spread_bound=spread_bound(old_runs, new_runs, busy=busy))
+                      spread_bound=spread_bound(old_runs, new_runs, busy=busy,
+                                                      backend=backend))
 
 
 def compare_slices(old: Sequence[Sequence[Sequence[float]]],
@@ -225,19 +239,34 @@ def compare_slices(old: Sequence[Sequence[Sequence[float]]],
 
 
 def spread_bound(old: Sequence[np.ndarray], new: Sequence[np.ndarray],
-                 confidence: float = CONFIDENCE, *, busy: bool = False) -> float:
+                 confidence: float = CONFIDENCE, *, busy: bool = False,
+                 backend: str | None = None) -> float:
     """exp(z x sd x sqrt(1/a + 1/b)) for a and b runs: how far apart the pooled medians of
     two sides of identical code may fall through process-to-process spread alone. sd is
-    `PROCESS_LOG_SD` (`BUSY_PROCESS_LOG_SD` where a run shared the machine: `busy`), or the
-    SD of the runs' log medians around their side's mean where that is larger (a noisier
-    machine than the one measured)."""
+    `prior_log_sd(busy, backend)`, or the SD of the runs' log medians around their side's
+    mean where that is larger (a noisier machine than the one measured)."""
     logs = [np.log([run_median(r) for r in side]) for side in (old, new)]
     deviations = np.concatenate([side - side.mean() for side in logs])
     dof = len(deviations) - 2
     observed = float(np.sqrt((deviations**2).sum() / dof)) if dof > 0 else 0.0
-    sd = max(BUSY_PROCESS_LOG_SD if busy else PROCESS_LOG_SD, observed)
+    sd = max(prior_log_sd(busy, backend), observed)
     return float(np.exp(_normal_quantile(confidence) * sd * np.sqrt(1 / len(old)
                                                                     + 1 / len(new))))
+
+
+def prior_log_sd(busy: bool = False, backend: str | None = None) -> float:
+    """The process-to-process SD a verdict from few runs assumes: `BUSY_PROCESS_LOG_SD`
+    where a run shared the machine, `TPU_PROCESS_LOG_SD` where every run ran on a TPU, else
+    `PROCESS_LOG_SD` (the CPU machine's; a GPU's is not measured and keeps it)."""
+    if busy:
+        return BUSY_PROCESS_LOG_SD
+    return TPU_PROCESS_LOG_SD if backend == "tpu" else PROCESS_LOG_SD
+
+
+def one_backend(backends) -> str | None:
+    """The backend every record ran on, None where they differ or none is known."""
+    found = set(backends)
+    return found.pop() if len(found) == 1 else None
 
 
 @functools.cache

@@ -132,10 +132,10 @@ ARM_VIEW = {stats.SLOWER: "faster", stats.FASTER: "slower", stats.SAME: "within 
 
 @functools.lru_cache(maxsize=4096)
 def _compare(arm_runs: tuple, other_runs: tuple, paired: bool,
-             busy: bool = False) -> stats.Comparison:
+             busy: bool = False, backend: str | None = None) -> stats.Comparison:
     """stats.compare, remembered: every table, the summary and the chart ask for the same
     pairs, and one bootstrap is 10,000 resamples."""
-    return stats.compare(arm_runs, other_runs, paired=paired, busy=busy)
+    return stats.compare(arm_runs, other_runs, paired=paired, busy=busy, backend=backend)
 
 
 def speedup(df: pd.DataFrame, row, other_arm: str) -> stats.Comparison | None:
@@ -152,7 +152,8 @@ def speedup(df: pd.DataFrame, row, other_arm: str) -> stats.Comparison | None:
     # Rounds of one run ran interleaved (this arm's round r next to the other's): pairs.
     paired = [run for run, _ in other["round_ids"]] == [run for run, _ in row["round_ids"]]
     return _compare(tuple(map(tuple, row["runs"])), tuple(map(tuple, other["runs"])), paired,
-                    bool(row.get("busy")) or bool(other.get("busy")))
+                    bool(row.get("busy")) or bool(other.get("busy")),
+                    stats.one_backend([row.get("backend"), other.get("backend")]))
 
 
 def _frozen(slices) -> tuple:

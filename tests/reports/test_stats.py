@@ -242,6 +242,25 @@ def test_a_run_that_shared_the_machine_widens_the_bound():
     assert stats.busy([0.01, None, 0.3]) and not stats.busy([0.01, None])
 
 
+def test_runs_on_a_tpu_decide_at_the_tpu_s_process_spread():
+    # 2 + 2 runs at 1.4x: too few on the CPU machine (bound 1.63x), decided on a TPU, where
+    # processes of identical code were measured 0.15% apart at most (bound 1.02x); a run
+    # that shared the machine keeps the busy bound whatever the backend.
+    rng = np.random.default_rng(0)
+    quiet = {"rounds": 2, "run_sd": 0.001, "step_sd": 0.001}  # a chip: CV 0.001
+    old, new = _side(rng, **quiet), _side(rng, **quiet, scale=1.4)
+    assert stats.verdict(stats.compare(old, new)) == stats.TOO_FEW
+    tpu = stats.compare(old, new, backend="tpu")
+    assert tpu.spread_bound == pytest.approx(np.exp(1.959964 * 0.01), rel=1e-6)
+    assert stats.verdict(tpu) == stats.SLOWER
+    assert stats.compare(old, new, backend="gpu").spread_bound == pytest.approx(
+        np.exp(1.959964 * 0.25), rel=1e-6)  # not measured: the CPU machine's bound
+    busy = stats.compare(old, new, backend="tpu", busy=True)
+    assert busy.spread_bound == pytest.approx(np.exp(1.959964 * 0.5), rel=1e-6)
+    assert stats.one_backend(["tpu", "tpu"]) == "tpu"
+    assert stats.one_backend(["tpu", "cpu"]) is None and stats.one_backend([]) is None
+
+
 def test_median_ci_is_scipys_percentile_bootstrap_to_the_bit():
     """median_cis bootstraps many cells in one call of scipy.stats.bootstrap (for speed):
     each gets the interval of its own call, for odd and even run counts and runs of unequal
