@@ -64,7 +64,9 @@ def _section(df: pd.DataFrame, out_dir: Path, prefix: str, baseline_arm: str, ho
                 "gradient the optimizer saw at step 1 and g_exact = sum_i grad(loss_sum_i) / "
                 "sum_i den_i.", tables.losses(df), tables.parity(df)),
         details("Executions, host and device time (traced window)", "From the separate "
-                "traced window; these numbers never mix with the untraced timing above. Busy: "
+                "traced window; these numbers never mix with the untraced timing above. "
+                "Tracing tax: the traced window's median step over the untraced median (what "
+                "the profiler itself costs a step). Busy: "
                 "the union of a step's op intervals, each op until it completed; host: traced "
                 "ms - busy, the time no op of the step ran. Dispatch: time inside the arm's "
                 "step call, before it returned; a trainer that waits inside its own loop "

@@ -355,14 +355,20 @@ def traced(df: pd.DataFrame) -> str:
         logdir = r.get("trace_logdir")
         open_with = (f"`{viewer_commands(logdir)['xprof']}`" if isinstance(logdir, str)
                      else MISSING)
+        traced_ms, untraced_ms = number(r["trace_step_ms"]), number(r["median_ms"])
+        tax = (f"{traced_ms / untraced_ms:.3f}x" if traced_ms is not None and untraced_ms
+               else MISSING)
         rows.append((shape_label(r), r["arm"], _f(r["trace_executions"], ".0f"),
-                     _f(r["trace_step_ms"]), _f(r["trace_busy_ms"]), _f(r["trace_host_ms"]),
-                     _f(r["dispatch_ms"], ".2f"), gc, _f(r["recompiles"], ".0f"), open_with))
-    return markdown(["shape", "arm", "executions/step (trace)", "traced ms/step",
-                     "busy ms (trace)", "host ms (trace)", "dispatch ms (untraced)",
-                     "GC pauses (untraced)", "recompiles after warmup", "open the trace"],
+                     _f(untraced_ms), _f(traced_ms), tax, _f(r["trace_busy_ms"]),
+                     _f(r["trace_host_ms"]), _f(r["dispatch_ms"], ".2f"), gc,
+                     _f(r["recompiles"], ".0f"), open_with))
+    return markdown(["shape", "arm", "executions/step (trace)", "untraced ms/step",
+                     "traced ms/step", "tracing tax (traced / untraced)", "busy ms (trace)",
+                     "host ms (trace)", "dispatch ms (untraced)", "GC pauses (untraced)",
+                     "recompiles after warmup", "open the trace"],
                     rows, why={name: "no traced window" for name in (
-                        "executions/step (trace)", "traced ms/step", "busy ms (trace)",
+                        "executions/step (trace)", "traced ms/step",
+                        "tracing tax (traced / untraced)", "busy ms (trace)",
                         "host ms (trace)", "open the trace")})
 
 

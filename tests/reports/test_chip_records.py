@@ -91,3 +91,18 @@ def test_the_chip_s_head_to_head_decides_at_two_rounds_by_the_tpu_s_process_spre
     assert stats.verdict(peft) == stats.SLOWER
     native = speedup(frame, engine, "native")
     assert 0.96 < native.ratio < 0.97 and stats.verdict(native) == stats.TOO_FEW
+
+
+def test_the_traced_table_sets_each_arm_s_traced_step_against_its_untraced_one(tmp_path):
+    """The v5e at seq 1024 GA 1: the engine without its pure-state cache spends 258.5 ms a
+    step between device work (the device's 113.4 ms is the engine's); tracing costs it
+    nothing measurable (371.9 traced / 371.9 untraced), and native 0.3%."""
+    shutil.copy(CHIP / "chip-h2h-s1024-ga1.jsonl", tmp_path / "chip.jsonl")
+    text = render(tmp_path, tmp_path / "out" / "parity.md")
+    section = text[text.index("Executions, host"):text.index("<summary><b>Noise")]
+    rows = {line.split("|")[2].strip(): [c.strip() for c in line.split("|")[3:10]]
+            for line in section.splitlines() if line.startswith("| ")}
+    assert rows["engine-no-state-cache"] == ["2", "371.9", "371.9", "1.000x", "113.4", "258.5",
+                                             "173.99"]
+    assert rows["engine"][:6] == ["2", "115.0", "115.1", "1.001x", "113.4", "1.7"]
+    assert rows["native"][:4] == ["1", "114.5", "114.8", "1.003x"]
