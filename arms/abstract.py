@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 from flax import nnx
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from arms.spec import CellSpec
 
@@ -87,10 +87,12 @@ def abstract_batch(spec: CellSpec, sharding: NamedSharding):
 
 
 def _rehome(x, mesh: Mesh):
-    sharding = getattr(x, "sharding", None)
-    spec = getattr(sharding, "spec", None)
+    """`x` as a shape on `mesh`, with its partition spec; a value traced without one (a
+    scalar such as the optimizer's step count) replicated, as an eager build places it (the
+    plan then lowers the program the build compiles, to the annotation)."""
+    spec = getattr(getattr(x, "sharding", None), "spec", None)
     return jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                sharding=None if spec is None else NamedSharding(mesh, spec))
+                                sharding=NamedSharding(mesh, spec or PartitionSpec()))
 
 
 def traced_state(build: Callable[[Any], Any], state, mesh: Mesh):

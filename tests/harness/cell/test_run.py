@@ -105,6 +105,19 @@ def test_a_cell_that_does_not_fit_is_refused_before_it_is_built(tmp_path):
         assert record.phases["compile"] > record.timing.compile_s > 0
 
 
+def test_peftrainer_s_fit_check_plans_the_program_its_build_compiles(tmp_path):
+    """PeftTrainer's plan is built from shapes (its optimizer traced abstractly) and its
+    build from arrays; the two lower the same program, to each scalar's placement (the
+    optimizer's step count is replicated on the mesh in both), so the build loads the fit
+    check's compile from the run's cache and the costs of what ran are the plan's."""
+    cells = expand({**TINY, "arms": ["peft-decoder"], "ga": [1], "fit_bytes": 2**30})
+    _, (record,) = run_grid(cells, tmp_path, env=cli_env(), timeout_s=300)
+    assert record.ok, record.error
+    assert record.timing.compile_cache_hits >= len(record.plan.executables) == 1
+    counted = record.cost.categories_per_step.values()
+    assert sum(c["hbm_bytes"] for c in counted) == record.plan.hbm_bytes_per_step > 0
+
+
 def test_a_cell_that_fits_only_without_the_captured_gradient_is_measured_without_it(
         tmp_path):
     """The gradient check adds a parameter-sized float32 buffer (the captured gradient):
