@@ -73,7 +73,7 @@ a factor exp(1.96 x 0.25 x sqrt(2)) = 2.0."""
 TPU_PROCESS_LOG_SD = 0.01
 """The same where every run ran on a TPU (the record's backend `tpu`): a step there is the
 chip's, which no other process shares, and its process-to-process spread is far below the
-CPU machine's. Measured on one TPU v5e chip (docs/results/tpu-v5e/chip-h2h-*.jsonl, 10 cells of
+CPU machine's. Measured on one TPU v5e chip (docs/results/tpu-v5e/h2h/*.jsonl, 10 cells of
 qwen3-0.6b each run as 2 processes of identical code, 20 steps each, host-bound and
 device-bound arms alike): pooled SD of log(per-process median) 0.00044 over 10 degrees of
 freedom (95% upper bound 0.0007, chi-square), the largest pair 0.15% apart. 0.01 is taken,

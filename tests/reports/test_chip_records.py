@@ -82,7 +82,7 @@ def test_the_chip_s_head_to_head_decides_at_two_rounds_by_the_tpu_s_process_spre
     from reports.record import read_dir
     from reports.tables import speedup
 
-    shutil.copy(CHIP / "chip-h2h-s1024-ga4.jsonl", tmp_path / "chip.jsonl")
+    shutil.copy(CHIP / "h2h" / "chip-h2h-s1024-ga4.jsonl", tmp_path / "chip.jsonl")
     frame = to_frame(read_dir(tmp_path))
     engine = frame[frame["arm"] == "engine"].iloc[0]
     assert engine["backend"] == "tpu" and engine["rounds"] == 2
@@ -97,7 +97,7 @@ def test_the_traced_table_sets_each_arm_s_traced_step_against_its_untraced_one(t
     """The v5e at seq 1024 GA 1: the engine without its pure-state cache spends 258.5 ms a
     step between device work (the device's 113.4 ms is the engine's); tracing costs it
     nothing measurable (371.9 traced / 371.9 untraced), and native 0.3%."""
-    shutil.copy(CHIP / "chip-h2h-s1024-ga1.jsonl", tmp_path / "chip.jsonl")
+    shutil.copy(CHIP / "h2h" / "chip-h2h-s1024-ga1.jsonl", tmp_path / "chip.jsonl")
     text = render(tmp_path, tmp_path / "out" / "parity.md")
     section = text[text.index("Executions, host"):text.index("<summary><b>Noise")]
     rows = {line.split("|")[2].strip(): [c.strip() for c in line.split("|")[3:10]]
