@@ -163,6 +163,15 @@ class TrainingEngine:
             # the caller built the model from stay valid.
             self._params = jax.device_put(params, self._param_shardings, may_alias=False)
             self._rest = jax.device_put(rest, self._rest_shardings)
+        del params, rest, state
+        # Published before the optimizer state exists: the model then holds the engine's
+        # copy, and arrays only it held are freed, so a device never holds two copies of
+        # the parameters beside the moments (4x the float32 parameters, where the train
+        # state is 3x).
+        self._live_variables = [v for _, v in nnx.iter_graph(self.model)
+                                if isinstance(v, nnx.Variable)]
+        self._publish_targets = None
+        self._publish()
         self._opt_shardings = optimizer_shardings(self.tx, self._params, self._param_shardings,
                                                   self.mesh)
         init = jax.jit(self.tx.init, out_shardings=self._opt_shardings)
@@ -174,10 +183,6 @@ class TrainingEngine:
                       if self.abstract else jax.device_put(step, self._replicated))
         self._acc_shardings = kernels.Accumulator(
             self._param_shardings, self._replicated, self._replicated)
-        self._live_variables = [v for _, v in nnx.iter_graph(self.model)
-                                if isinstance(v, nnx.Variable)]
-        self._publish_targets = None
-        self._publish()
 
     def _abstract(self, tree, shardings):
         return abstract_on(tree, shardings)
