@@ -185,7 +185,7 @@ def compare(old: Runs, new: Runs, *, paired: bool = False, seed: int = SEED,
         return Comparison(ratio=ratio, low=None, high=None, runs_old=len(old_runs),
                           runs_new=len(new_runs), min_steps=min_steps, paired=paired,
                           spread_bound=spread_bound(old_runs, new_runs, busy=busy,
-                                                      backend=backend))
+                                                 backend=backend))
     rng = np.random.default_rng(seed)
     picks_old = rng.integers(0, len(old_runs), (resamples, len(old_runs)))
     picks_new = (picks_old if paired
@@ -198,7 +198,7 @@ def compare(old: Runs, new: Runs, *, paired: bool = False, seed: int = SEED,
                       runs_old=len(old_runs), runs_new=len(new_runs),
                       min_steps=min_steps, paired=paired,
                       spread_bound=spread_bound(old_runs, new_runs, busy=busy,
-                                                      backend=backend))
+                                                backend=backend))
 
 
 def compare_slices(old: Sequence[Sequence[Sequence[float]]],
