@@ -323,27 +323,39 @@ def verdict(c: Comparison, min_effect: float = MIN_EFFECT) -> str:
     return SAME if c.enough else TOO_FEW
 
 
-STEP_NOISE_RULE = ("every traced step of one side lies outside the other side's range and the "
-                   "median step moved by more than two whole processes of identical code may "
-                   "differ (2.0x, one capture a side) and by 5%+ of the step")
-"""`beyond_step_noise` in words, for a table's legend."""
+def step_noise_bound(backend: str | None = None) -> float:
+    """How far two whole processes of identical code may put one op's median step apart,
+    one capture a side: `spread_bound`'s figure at one run a side with the backend's prior
+    (2.0x on the CPU machine, 1.028x on a TPU)."""
+    return float(np.exp(_normal_quantile(CONFIDENCE) * prior_log_sd(backend=backend)
+                        * np.sqrt(2)))
 
 
-def beyond_step_noise(a: Sequence[float], b: Sequence[float], step: float) -> bool:
+def step_noise_rule(backend: str | None = None) -> str:
+    """`beyond_step_noise` in words, for a table's legend."""
+    where = "on a TPU" if backend == "tpu" else "on the CPU machine"
+    return ("every traced step of one side lies outside the other side's range and the "
+            "median step moved by more than two whole processes of identical code may "
+            f"differ ({step_noise_bound(backend):.3g}x {where}, one capture a side) and by "
+            f"{MIN_EFFECT:.0%}+ of the step")
+
+
+def beyond_step_noise(a: Sequence[float], b: Sequence[float], step: float,
+                      backend: str | None = None) -> bool:
     """Whether one op's (or category's) time per traced step moved beyond noise from `a` to
     `b`, two captures of one process each: the per-step ranges are disjoint (A/A noise of
     its own steps), and the median step's ratio clears the process-spread bound of one run
-    a side (`spread_bound` at `PROCESS_LOG_SD`: a whole process of identical code runs up to
-    2.0x another's) with a change of at least `MIN_EFFECT` of `step` (the step's span: a
-    change that cannot move the step by that much explains no verdict). Medians, so one
-    slow step (a first traced step's cold cache) moves nothing."""
+    a side (`step_noise_bound`: the prior of `backend`, where the captures ran) with a
+    change of at least `MIN_EFFECT` of `step` (the step's span: a change that cannot move
+    the step by that much explains no verdict). Medians, so one slow step (a first traced
+    step's cold cache) moves nothing. A side without steps is not compared."""
     if not a or not b or min(a) < 0 or min(b) < 0:
         return False
     disjoint = max(a) < min(b) or max(b) < min(a)
     mean_a, mean_b = statistics.median(a), statistics.median(b)
-    bound = float(np.exp(_normal_quantile(CONFIDENCE) * PROCESS_LOG_SD * np.sqrt(2)))
     ratio = max(mean_a, mean_b) / min(mean_a, mean_b) if min(mean_a, mean_b) > 0 else math.inf
-    return disjoint and ratio > bound and abs(mean_b - mean_a) >= MIN_EFFECT * step
+    return (disjoint and ratio > step_noise_bound(backend)
+            and abs(mean_b - mean_a) >= MIN_EFFECT * step)
 
 
 def is_regression(c: Comparison, threshold: float) -> bool:

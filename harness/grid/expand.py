@@ -89,6 +89,12 @@ def expand(options: dict[str, Any], *, mesh_sizes: dict[str, int] | None = None)
             check_model(resolve(arm)[1], spec)  # e.g. what MaxText's Qwen3 cannot express
             cells.append(CellRun(arm=arm, spec=spec.to_dict(), **run_options,
                                  capture=run_options.get("parity", True)))
+    if not cells:
+        empty = ", ".join(dict.fromkeys(f"seq {seq} GA {ga}"
+                                        for _, seq, _, ga in itertools.product(*grid)))
+        raise ValueError(f"no cell to run: micro_batch gives no rows at {empty} (no arm fits "
+                         "there; the suite's notes say what was planned); pass --batch B "
+                         "(B rows a step, a multiple of GA) to run that shape anyway")
     return cells
 
 

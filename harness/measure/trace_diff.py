@@ -11,7 +11,10 @@ matched across the sides by its plane name, an op by its HLO op name, so two cap
 program line up op by op; two programs (two arms) line up by category.
 
 Whether a change is beyond noise is decided by `reports.stats.beyond_step_noise`, from each
-side's own steps.
+side's own steps, with the process spread of the backend both captures ran on (a TPU's
+where every device is a TPU). A category absent from one side costs that side 0 ms a step
+(two programs line up by category, so its absence is a reading); an op of one side only is
+listed as such, not compared.
 """
 
 from __future__ import annotations
@@ -121,18 +124,34 @@ class TraceExplanation:
     only_a: list[tuple[str, str]]
     only_b: list[tuple[str, str]]
     """(device, op) that ran on one side only."""
+    backend: str | None = None
+    """"tpu" where every device of both captures is a TPU, else None (the CPU machine's
+    process spread decides)."""
 
 
-def _movers(a: dict, b: dict, spans: dict[str, float], name_category) -> list[Mover]:
+def _movers(a: Side, b: Side, which: str, spans: dict[str, float], name_category,
+            backend: str | None) -> list[Mover]:
+    """Every key of `which` ("ops" or "categories") of either side; a category absent from
+    one side is 0 ms in each of its steps there."""
     found = []
-    for key in dict.fromkeys([*a, *b]):
+    mine, theirs = getattr(a, which), getattr(b, which)
+    for key in dict.fromkeys([*mine, *theirs]):
         device, name = key
-        sa, sb = a.get(key, []), b.get(key, [])
-        beyond = bool(sa and sb) and stats.beyond_step_noise(sa, sb, spans.get(device, 0.0))
+        sa, sb = mine.get(key, []), theirs.get(key, [])
+        if which == "categories":
+            sa, sb = sa or [0.0] * a.steps, sb or [0.0] * b.steps
+        beyond = bool(sa and sb) and stats.beyond_step_noise(sa, sb, spans.get(device, 0.0),
+                                                             backend)
         found.append(Mover(device=device, name=name, category=name_category(name),
                            a=sa, b=sb, beyond_noise=beyond))
     found.sort(key=lambda m: (-abs(m.median_change_ms), -abs(m.change_ms)))
     return found
+
+
+def backend_of(*sides: Side) -> str | None:
+    """"tpu" where every device the sides ran on is a TPU (plane names /device:TPU:N)."""
+    devices = [d for side in sides for d in side.breakdown]
+    return "tpu" if devices and all(":TPU:" in d for d in devices) else None
 
 
 def explain(a: Side, b: Side) -> TraceExplanation:
@@ -140,11 +159,13 @@ def explain(a: Side, b: Side) -> TraceExplanation:
     spans = {d: max(a.breakdown.get(d, {}).get("span", 0.0),
                     b.breakdown.get(d, {}).get("span", 0.0))
              for d in dict.fromkeys([*a.breakdown, *b.breakdown])}
+    backend = backend_of(a, b)
     return TraceExplanation(
         a=a, b=b,
-        ops=_movers(a.ops, b.ops, spans, categories.category_of_name),
-        categories=_movers(a.categories, b.categories, spans, lambda name: name),
-        only_a=[k for k in a.ops if k not in b.ops], only_b=[k for k in b.ops if k not in a.ops])
+        ops=_movers(a, b, "ops", spans, categories.category_of_name, backend),
+        categories=_movers(a, b, "categories", spans, lambda name: name, backend),
+        only_a=[k for k in a.ops if k not in b.ops], only_b=[k for k in b.ops if k not in a.ops],
+        backend=backend)
 
 
 def markdown(found: TraceExplanation, top: int | None = None) -> str:
@@ -153,7 +174,7 @@ def markdown(found: TraceExplanation, top: int | None = None) -> str:
     lines = [f"A: {a.label} ({a.steps} traced steps)", f"B: {b.label} ({b.steps} traced steps)",
              "", "Device time per traced step (mean over the steps; movers ranked by the "
              "change of the median step). A change is beyond noise where "
-             + stats.STEP_NOISE_RULE + ".", "",
+             + stats.step_noise_rule(found.backend) + ".", "",
              "| device | side | span ms | " + " | ".join(f"{k} ms (share)" for k in
                                                        xplane.BREAKDOWN) + " |",
              "|---|---|---|---|---|---|---|"]

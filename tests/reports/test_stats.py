@@ -299,3 +299,15 @@ def test_a_trace_mover_needs_disjoint_steps_a_process_sized_ratio_and_a_share_of
     assert not stats.beyond_step_noise([0.5, 0.5, 0.5], [30.0, 0.6, 0.6], step)
     # an op on one side only is not compared here (it is listed as one side's)
     assert not stats.beyond_step_noise([], [3.0], step)
+
+
+def test_a_trace_mover_on_a_tpu_clears_the_tpus_process_spread_not_the_cpu_machines():
+    """Two captures a side of one process each: 2.0x may separate two CPU processes of
+    identical code, 1.028x two on a TPU (TPU_PROCESS_LOG_SD); the 5%-of-the-step floor holds
+    on both."""
+    assert stats.step_noise_bound() == pytest.approx(2.0, abs=0.05)
+    assert stats.step_noise_bound("tpu") == pytest.approx(1.028, abs=0.001)
+    step = 10.0
+    assert not stats.beyond_step_noise([5.0, 5.0, 5.0], [5.6, 5.6, 5.6], step)
+    assert stats.beyond_step_noise([5.0, 5.0, 5.0], [5.6, 5.6, 5.6], step, "tpu")
+    assert not stats.beyond_step_noise([5.0, 5.0, 5.0], [5.4, 5.4, 5.4], step, "tpu")  # < 5%

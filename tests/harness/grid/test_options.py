@@ -37,6 +37,16 @@ def test_rows_per_micro_batch_make_each_cells_batch_by_its_ga_and_seq():
         expand({**base, "seq": 16, "batch": 4, "micro_batch": 2})
 
 
+def test_a_grid_whose_every_shape_has_no_rows_is_refused_naming_the_shape_and_the_fix():
+    """A table entry of no rows is a shape nothing fits (the tpu-v5e suite at seq 4096 GA 4):
+    asking for that shape alone names it and `--batch`, rather than running nothing."""
+    base = {"arms": ["native"], "preset": "tiny"}
+    table = {"16": {"1": 2, "4": 1}, "32": {"1": 1, "4": []}}
+    with pytest.raises(ValueError, match=r"no rows at seq 32 GA 4 .*pass --batch"):
+        expand({**base, "seq": 32, "ga": 4, "micro_batch": table})
+    assert len(expand({**base, "seq": 32, "ga": [1, 4], "micro_batch": table})) == 1
+
+
 def test_a_batch_given_replaces_the_suites_rows_per_micro_batch():
     from harness.grid.options import merge
 

@@ -145,3 +145,40 @@ def test_control_flow_is_not_counted_over_its_body(tmp_path):
     side = trace_diff.read_side(path, "loop")
     assert "control flow" not in {category for _, category in side.categories}
     assert sum(side.categories[(xplane.HOST, "fusion: ynn")]) > 0  # the body's matmuls
+
+
+def _side(label: str, categories: dict[str, list[float]], device: str) -> trace_diff.Side:
+    """A capture read down to what `explain` compares: 3 steps of 100 ms on `device`."""
+    parts = {"compute": 100.0, "collectives": 0.0, "copies": 0.0, "idle": 0.0, "span": 100.0}
+    return trace_diff.Side(label=label, steps=3, ops={},
+                           categories={(device, k): v for k, v in categories.items()},
+                           breakdown={device: parts})
+
+
+@pytest.mark.parametrize("device, backend, beyond", [("/device:TPU:0", "tpu", True),
+                                                     ("/device:CPU:0", None, False)])
+def test_a_change_is_judged_by_the_process_spread_of_the_backend_the_captures_ran_on(
+        device, backend, beyond):
+    """A category 60 -> 66 ms of a 100 ms step (1.10x, 6% of the step, steps disjoint):
+    beyond the TPU's spread of two processes (1.03x) but not the CPU machine's (2.0x)."""
+    found = trace_diff.explain(_side("a", {"matmul": [60.0, 60.1, 59.9]}, device),
+                               _side("b", {"matmul": [66.0, 66.1, 65.9]}, device))
+    assert found.backend == backend
+    (mover,) = found.categories
+    assert mover.beyond_noise is beyond
+    rule = trace_diff.markdown(found).split("beyond noise where ")[1]
+    assert ("1.03x on a TPU" in rule) is (backend == "tpu")
+
+
+def test_a_category_one_program_lacks_costs_it_nothing_and_is_compared():
+    """The engine's split accumulation at GA 4 runs its gradient adds as ops of their own
+    (23 ms a step on the v5e) where native's step fuses them: the category is absent from
+    native's capture, which is 0 ms a step there, a change beyond noise."""
+    found = trace_diff.explain(
+        _side("native", {"fusion: loop": [80.0, 80.0, 80.0]}, "/device:TPU:0"),
+        _side("engine", {"fusion: loop": [80.0, 80.0, 80.0], "other: add": [23.1, 23.2, 23.1]},
+              "/device:TPU:0"))
+    adds = {m.name: m for m in found.categories}["other: add"]
+    assert adds.a == [0.0, 0.0, 0.0] and adds.b_ms == pytest.approx(23.1333, abs=1e-4)
+    assert adds.beyond_noise and found.categories[0] is adds
+    assert not {m.name: m for m in found.categories}["fusion: loop"].beyond_noise
