@@ -324,9 +324,8 @@ def verdict(c: Comparison, min_effect: float = MIN_EFFECT) -> str:
 
 
 def step_noise_bound(backend: str | None = None) -> float:
-    """How far two whole processes of identical code may put one op's median step apart,
-    one capture a side: `spread_bound`'s figure at one run a side with the backend's prior
-    (2.0x on the CPU machine, 1.028x on a TPU)."""
+    """How far two processes of identical code may put one op's median step apart, one
+    capture a side, by the backend's prior (2.0x on the CPU machine, 1.028x on a TPU)."""
     return float(np.exp(_normal_quantile(CONFIDENCE) * prior_log_sd(backend=backend)
                         * np.sqrt(2)))
 
@@ -347,7 +346,7 @@ def beyond_step_noise(a: Sequence[float], b: Sequence[float], step: float,
     its own steps), and the median step's ratio clears the process-spread bound of one run
     a side (`step_noise_bound`: the prior of `backend`, where the captures ran) with a
     change of at least `MIN_EFFECT` of `step` (the step's span: a change that cannot move
-    the step by that much explains no verdict). Medians, so one slow step (a first traced
+    the step by that much explains no verdict). Medians: one slow step (a first traced
     step's cold cache) moves nothing. A side without steps is not compared."""
     if not a or not b or min(a) < 0 or min(b) < 0:
         return False
