@@ -71,15 +71,13 @@ now shows). 0.25 is taken: a quieter host (an accelerator) spreads less, so this
 towards "too few samples", never towards a false verdict. With one run a side the bound is
 a factor exp(1.96 x 0.25 x sqrt(2)) = 2.0."""
 TPU_PROCESS_LOG_SD = 0.01
-"""The same where every run ran on a TPU (the record's backend `tpu`): a step there is the
-chip's, which no other process shares, and its process-to-process spread is far below the
-CPU machine's. Measured on one TPU v5e chip (docs/results/tpu-v5e/h2h/*.jsonl, 10 cells of
-qwen3-0.6b each run as 2 processes of identical code, 20 steps each, host-bound and
-device-bound arms alike): pooled SD of log(per-process median) 0.00044 over 10 degrees of
-freedom (95% upper bound 0.0007, chi-square), the largest pair 0.15% apart. 0.01 is taken,
-14x the upper bound, for hosts and chips not yet measured: with 2 runs a side the bound is
-exp(1.96 x 0.01) = 1.020, still under `MIN_EFFECT`. The runs' own spread widens it where
-larger (`spread_bound`)."""
+"""The same where every run ran on a TPU (record backend `tpu`): the step is the chip's,
+shared with no other process. Measured on one TPU v5e (docs/results/tpu-v5e/h2h/*.jsonl,
+10 qwen3-0.6b cells each run as 2 processes of identical code, host- and device-bound arms
+alike): pooled SD of log(per-process median) 0.00044 over 10 degrees of freedom (95% upper
+bound 0.0007, chi-square), the largest pair 0.15% apart. 0.01 is taken, 14x that bound,
+for hosts and chips not yet measured: at 2 runs a side exp(1.96 x 0.01) = 1.020, under
+`MIN_EFFECT`; the runs' own spread widens it where larger (`spread_bound`)."""
 BUSY_PROCESS_LOG_SD = 0.5
 """The same where a run shared the machine with other processes (`Timing.other_load` above
 `MAX_OTHER_LOAD`): a contended process ran at up to 2.4x the median of identical code here,
@@ -249,9 +247,13 @@ def spread_bound(old: Sequence[np.ndarray], new: Sequence[np.ndarray],
     deviations = np.concatenate([side - side.mean() for side in logs])
     dof = len(deviations) - 2
     observed = float(np.sqrt((deviations**2).sum() / dof)) if dof > 0 else 0.0
-    sd = max(prior_log_sd(busy, backend), observed)
-    return float(np.exp(_normal_quantile(confidence) * sd * np.sqrt(1 / len(old)
-                                                                    + 1 / len(new))))
+    return _process_bound(max(prior_log_sd(busy, backend), observed), len(old), len(new),
+                          confidence)
+
+
+def _process_bound(sd: float, runs_a: int, runs_b: int, confidence: float) -> float:
+    """exp(z x sd x sqrt(1/a + 1/b)): a process offset of log-SD `sd`, a and b runs a side."""
+    return float(np.exp(_normal_quantile(confidence) * sd * np.sqrt(1 / runs_a + 1 / runs_b)))
 
 
 def prior_log_sd(busy: bool = False, backend: str | None = None) -> float:
@@ -324,10 +326,8 @@ def verdict(c: Comparison, min_effect: float = MIN_EFFECT) -> str:
 
 
 def step_noise_bound(backend: str | None = None) -> float:
-    """How far two processes of identical code may put one op's median step apart, one
-    capture a side, by the backend's prior (2.0x on the CPU machine, 1.028x on a TPU)."""
-    return float(np.exp(_normal_quantile(CONFIDENCE) * prior_log_sd(backend=backend)
-                        * np.sqrt(2)))
+    """The process bound at one capture a side: 2.0x on the CPU machine, 1.028x on a TPU."""
+    return _process_bound(prior_log_sd(backend=backend), 1, 1, CONFIDENCE)
 
 
 def step_noise_rule(backend: str | None = None) -> str:

@@ -129,17 +129,14 @@ class TraceExplanation:
     process spread decides)."""
 
 
-def _movers(a: Side, b: Side, which: str, spans: dict[str, float], name_category,
-            backend: str | None) -> list[Mover]:
-    """Every key of `which` ("ops" or "categories") of either side; a category absent from
-    one side is 0 ms in each of its steps there."""
+def _movers(a: dict, b: dict, spans: dict[str, float], name_category, backend: str | None,
+            absent: tuple[list[float], list[float]] = ([], [])) -> list[Mover]:
+    """Every key of either side; a key one side lacks takes `absent`'s list for that side
+    (empty: not compared; a category passes 0 ms for each of the side's steps)."""
     found = []
-    mine, theirs = getattr(a, which), getattr(b, which)
-    for key in dict.fromkeys([*mine, *theirs]):
+    for key in dict.fromkeys([*a, *b]):
         device, name = key
-        sa, sb = mine.get(key, []), theirs.get(key, [])
-        if which == "categories":
-            sa, sb = sa or [0.0] * a.steps, sb or [0.0] * b.steps
+        sa, sb = a.get(key, absent[0]), b.get(key, absent[1])
         beyond = bool(sa and sb) and stats.beyond_step_noise(sa, sb, spans.get(device, 0.0),
                                                              backend)
         found.append(Mover(device=device, name=name, category=name_category(name),
@@ -162,8 +159,9 @@ def explain(a: Side, b: Side) -> TraceExplanation:
     backend = backend_of(a, b)
     return TraceExplanation(
         a=a, b=b,
-        ops=_movers(a, b, "ops", spans, categories.category_of_name, backend),
-        categories=_movers(a, b, "categories", spans, lambda name: name, backend),
+        ops=_movers(a.ops, b.ops, spans, categories.category_of_name, backend),
+        categories=_movers(a.categories, b.categories, spans, lambda name: name, backend,
+                           absent=([0.0] * a.steps, [0.0] * b.steps)),
         only_a=[k for k in a.ops if k not in b.ops], only_b=[k for k in b.ops if k not in a.ops],
         backend=backend)
 
