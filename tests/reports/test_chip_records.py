@@ -76,7 +76,7 @@ def test_the_chip_s_head_to_head_decides_at_two_rounds_by_the_tpu_s_process_spre
     """qwen3-0.6b seq 1024 GA 4 on the v5e, two or three interleaved processes an arm:
     PeftTrainer's 381.0 ms (2 runs) against the engine's 259.3 (3 runs) is decided slower at
     the TPU's process-spread bound (under 1.03x), where the CPU machine's bound (1.63x at
-    2 + 2) left it "too few samples"; native's 3.6% lead stays under the 5% minimum effect,
+    2 + 2) left it "too few samples"; native's 3.5% lead stays under the 5% minimum effect,
     undecided."""
     from reports import stats
     from reports.frame import to_frame

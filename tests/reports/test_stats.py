@@ -302,7 +302,7 @@ def test_a_trace_mover_needs_disjoint_steps_a_process_sized_ratio_and_a_share_of
 
 
 def test_a_trace_mover_on_a_tpu_clears_the_tpus_process_spread_not_the_cpu_machines():
-    """Two captures a side of one process each: 2.0x may separate two CPU processes of
+    """One capture a side, one process each: 2.0x may separate two CPU processes of
     identical code, 1.028x two on a TPU (TPU_PROCESS_LOG_SD); the 5%-of-the-step floor holds
     on both."""
     assert stats.step_noise_bound() == pytest.approx(2.0, abs=0.05)
