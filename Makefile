@@ -99,19 +99,18 @@ test-py311: $(STAMP311)
 		$(PY311_TESTS)
 
 # The wheels an offline host lacks (docs/install.md, "An offline host with its own JAX"):
-# the runtime part of requirements-py311.lock less what the host has (HOST_HAS), binary
-# wheels for CPython HOST_PYTHON on manylinux x86_64, without dependencies.
+# the runtime part of requirements-py311.lock less what the host has (HOST_HAS) and what its
+# own package index provides (HOST_INDEX), binary wheels for CPython HOST_PYTHON on manylinux
+# x86_64, without dependencies; and the list the host installs from its index, each package
+# within pyproject.toml's supported range (harness/system/wheelhouse.py).
 WHEELHOUSE ?= wheelhouse
 HOST_PYTHON ?= 3.11
 HOST_HAS ?= jax jaxlib libtpu numpy scipy ml_dtypes opt_einsum
+HOST_INDEX ?=
 MANYLINUX := 2_28 2_27 2_24 2_17
 wheelhouse:
-	mkdir -p $(WHEELHOUSE)
-	python3 -c 'import re, sys; has = {re.sub("[-_.]+", "-", n).lower() for n in sys.argv[1:]}; \
-	  lines = open("requirements-py311.lock").read().split("# test only")[0].splitlines(); \
-	  keep = [l for l in lines if l.strip() and not l.startswith("#") \
-	          and re.sub("[-_.]+", "-", l.split("==")[0]).lower() not in has]; \
-	  print("\n".join(keep))' $(HOST_HAS) > $(WHEELHOUSE)/requirements.txt
+	python3 -m harness.system.wheelhouse --out $(WHEELHOUSE) --host-has "$(HOST_HAS)" \
+		--host-index "$(HOST_INDEX)"
 	python3 -m pip download -q --no-deps --only-binary=:all: --python-version $(HOST_PYTHON) \
 		--implementation cp $(MANYLINUX:%=--platform manylinux_%_x86_64) \
 		--platform manylinux2014_x86_64 -d $(WHEELHOUSE) \

@@ -11,10 +11,10 @@ import jax
 import optax
 from flax import nnx
 
-from arms.capture import captured_gradient, with_capture
-from arms.registry import MODELS, TRAINERS
+from arms.kinds import MODELS, describe
 from arms.spec import CellSpec
 from arms.workload import MicroBatch
+from arms.workload.optimizers import first_gradient, gradient_state
 from engine.model import LOGICAL_AXIS_RULES, batch_sharding, build_decoder
 from engine.model.sharding import LogicalRules, place_global_batch
 
@@ -70,16 +70,14 @@ class Arm(abc.ABC):
     """One trainer driving one model over the shared workload of a `CellSpec`."""
 
     trainer: str = ""
-    """Registry name of the trainer (arms.registry.TRAINERS), or of a plugin arm."""
+    """Registry name of the trainer (arms.kinds.TRAINERS), or of a plugin arm."""
 
     def __init__(self, spec: CellSpec, model: str = "decoder", *,
-                 devices: Sequence[jax.Device] | None = None, capture: bool = True):
-        """`devices`: what the mesh is laid over (default: this process's); `capture`: chain
-        the gradient capture in front of the optimizer (what the parity check reads; a plan
-        checks no gradient, so it plans the trainer without it)."""
+                 devices: Sequence[jax.Device] | None = None):
+        """`devices`: what the mesh is laid over (default: this process's)."""
         if model not in MODELS:
             raise ValueError(f"unknown model {model!r}; valid models: {', '.join(MODELS)}")
-        self.spec, self.model_kind, self.capture = spec, model, capture
+        self.spec, self.model_kind = spec, model
         # Refuses a mesh the model cannot use, before compiling.
         self.mesh = spec.make_mesh(devices)
         self.rules: LogicalRules = LOGICAL_AXIS_RULES
@@ -102,12 +100,11 @@ class Arm(abc.ABC):
         self.mesh, self.rules = model_layout(model, self.mesh)
         return model
 
-    def optimizer(self, tx: optax.GradientTransformation | None = None
-                  ) -> optax.GradientTransformation:
-        """`tx` (default: the cell's optimizer) behind the gradient capture, unless `capture`
-        is off."""
-        tx = tx or self.spec.optimizer_tx()
-        return with_capture(tx) if self.capture else tx
+    def optimizer(self) -> optax.GradientTransformation:
+        """The cell's optimizer, as the trainer is given it: nothing is chained in front
+        of it (the parity check reads the first step's gradient from its own state:
+        arms.workload.optimizers)."""
+        return self.spec.optimizer_tx()
 
     def plan(self) -> ArmPlan:
         """This arm's step compiled for its mesh from shapes alone (`arms.abstract`); its
@@ -129,7 +126,8 @@ class Arm(abc.ABC):
 
     @abc.abstractmethod
     def opt_state(self) -> Any:
-        """The optimizer state after the last step (holds the captured gradient)."""
+        """The optimizer state after the last step (after the first, it holds the
+        gradient its update saw: `gradient_state`)."""
 
     @abc.abstractmethod
     def last_loss(self) -> float:
@@ -141,21 +139,30 @@ class Arm(abc.ABC):
         sharding = batch_sharding(self.mesh)
         return [place_global_batch(mb, sharding) for mb in micro_batches]
 
-    def captured_gradient(self) -> Any:
-        """The gradient the optimizer saw in the last step, in our decoder's layout (Tunix's
-        Qwen3 gradients are converted), so every arm compares against one reference."""
-        grads = captured_gradient(self.opt_state())
+    def seen_gradient(self, gather=jax.device_get) -> dict:
+        """The gradient this arm's optimizer saw in the one step it has taken, read back
+        from the optimizer's own state (arms.workload.optimizers.gradient_state: nothing is
+        chained into the trainer's program for it), in our decoder's layout: gathered to the
+        host as the state holds it (`gather`: every process's shards, where the cell spans
+        several), unscaled there and converted there (`decoder_layout`), so the devices hold
+        nothing more than the trainer's own state."""
+        tree, factor = gradient_state(self.opt_state())
+        tree = nnx.to_pure_dict(tree) if isinstance(tree, nnx.State) else tree
+        return self.decoder_layout(first_gradient(gather(tree), factor))
+
+    def decoder_layout(self, grads: dict) -> dict:
+        """A host gradient (pure dict of numpy arrays) of this arm's model in our decoder's
+        layout (Tunix's and MaxText's Qwen3 gradients are converted, on the host), so every
+        arm compares against one reference."""
         if self.model_kind == "maxtext":
             from arms.models.maxtext_qwen3 import maxtext_to_decoder_params
 
-            return maxtext_to_decoder_params(nnx.to_pure_dict(grads)["transformer"],
-                                             self.spec.model_config())
+            return maxtext_to_decoder_params(grads["transformer"], self.spec.model_config())
         if self.model_kind == "tunix":
             from arms.models.tunix_qwen3 import tunix_to_decoder_params
 
-            return tunix_to_decoder_params(nnx.to_pure_dict(grads)["qwen3"],
-                                           self.spec.model_config())
-        return nnx.to_pure_dict(grads)
+            return tunix_to_decoder_params(grads["qwen3"], self.spec.model_config())
+        return grads
 
     def calls_per_step(self) -> dict[str, int]:
         """Calls of each executable per optimizer step (weights FLOPs per step)."""
@@ -170,9 +177,7 @@ class Arm(abc.ABC):
 
     def about(self) -> str:
         """'<trainer> on <model>' in words, for the record and the report."""
-        trainer = TRAINERS.get(self.trainer)
-        return (f"{trainer.about if trainer else 'plugin arm ' + self.trainer} on "
-                f"{MODELS[self.model_kind]}")
+        return describe(self.trainer, self.model_kind)
 
     def trainer_denominator(self) -> float | None:
         """What the trainer divided the last step's accumulated gradient by, as the trainer

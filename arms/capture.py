@@ -1,7 +1,11 @@
 """Black-box gradient capture: an optax transformation chained in front of an optimizer.
 
 It passes the incoming updates through unchanged and keeps a copy in its state, so the
-gradient an optimizer really saw can be read from any optax-based trainer's opt_state.
+gradient an optimizer really saw can be read from any optax-based trainer's opt_state, at
+the cost of a parameter-sized buffer written every step. The harness does not chain it into
+the arms it times (it reads the workload's optimizers' own state instead:
+arms.workload.optimizers); it serves tests of an engine with any optimizer, and a plugin arm
+that chains it itself is read through it.
 """
 
 from __future__ import annotations

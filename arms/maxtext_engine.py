@@ -10,12 +10,10 @@ What is set from outside, and why:
   metric is (loss sum, denominator): the engine accumulates unreduced sums and divides once;
 - the optimizer: the engine builds an `nnx.Optimizer` from its config (`opt_type`, schedule,
   MaxText's AdamW defaults). Its documented override point, `_build_optimizer`, receives that
-  transform and here returns the cell's optax optimizer instead, with a gradient capture
-  chained in front. So every arm applies the same update rule at the same learning rate, and
-  the captured gradient is exactly what the engine hands its optimizer (after its divide by
-  the summed denominator and its clip). Wrapping beats a black-box SGD probe: it needs no
-  second run, holds for AdamW, and reads the gradient itself rather than a difference of
-  weights divided by a learning rate (which loses digits to float32 cancellation);
+  transform and here returns the cell's optax optimizer instead. So every arm applies the
+  same update rule at the same learning rate, and the gradient the parity check reads back
+  from that optimizer's state (arms.workload.optimizers) is exactly what the engine hands
+  it (after its divide by the summed denominator and its clip);
 - side outputs: TensorBoard, checkpoints, profiles and goodput recording are off (no other
   arm writes any), and the run directory is a temp dir removed on close.
 """
@@ -186,12 +184,12 @@ class MaxTextEngineArm(Arm):
     def opt_state(self):
         return self.engine.optimizer.opt_state
 
-    def captured_gradient(self):
-        from arms.capture import captured_gradient
+    def decoder_layout(self, grads: dict) -> dict:
+        """MaxText's engine optimizes the Transformer itself: its gradient's top level is
+        the Transformer's (no `transformer` key, as MaxText's model as an arm has)."""
         from arms.models.maxtext_qwen3 import maxtext_to_decoder_params
 
-        return maxtext_to_decoder_params(nnx.to_pure_dict(captured_gradient(self.opt_state())),
-                                         self.spec.model_config())
+        return maxtext_to_decoder_params(grads, self.spec.model_config())
 
     def last_loss(self) -> float:
         """The step loss as MaxText's MetricsLogger reports it: the step buffer holds one

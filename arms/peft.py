@@ -88,12 +88,12 @@ class PeftArm(Arm):
             eval_every_n_steps=1 << 30,
             gradient_accumulation_steps=spec.ga if spec.ga > 1 else None,
             data_sharding_axis=DATA_AXES)
-        tx = spec.optimizer_tx()
+        tx = self.optimizer()
         if spec.clip is not None:
             import optax
 
             tx = optax.chain(optax.clip_by_global_norm(spec.clip), tx)
-        return module.PeftTrainer(model, self.optimizer(tx), config)
+        return module.PeftTrainer(model, tx, config)
 
     def build(self) -> None:
         spec = self.spec

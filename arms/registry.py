@@ -1,59 +1,25 @@
 """The one registry of arms: trainers, model kinds, the named arms, and plugin arms.
 
-An arm is a trainer driving a model kind. Every trainer is declared once here (its class is
-imported only when an arm of it is made, so listing arms imports no trainer, Tunix or
-MaxText); named arms, `TRAINER:MODEL` pairs, the CLI's `--arms` help and its default list
-all derive from these tables. Plugin modules add arms by name with `register`.
+An arm is a trainer driving a model kind. Every trainer and model kind is declared once, as
+data, in `arms.kinds` (a trainer's class is imported only when an arm of it is made, so
+listing arms imports no trainer, Tunix or MaxText); named arms, `TRAINER:MODEL` pairs, the
+CLI's `--arms` help and its default list all derive from those tables. A name is resolved
+once (`lookup`) into an `ArmChoice` that the caller hands on. Plugin modules add arms by
+name with `register`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from arms.kinds import MODELS, TRAINERS, Trainer
 
 if TYPE_CHECKING:
     from arms.base import Arm
     from arms.spec import CellSpec
-
-MODELS: dict[str, str] = {
-    "decoder": "our MaxText-style decoder",
-    "maxtext": "the real MaxText Qwen3 (maxtext)",
-    "tunix": "Tunix's Qwen3",
-}
-"""Model kinds -> what the report calls them. All hold the same weights."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Trainer:
-    """One trainer: where its Arm class lives and which model kinds it can drive."""
-
-    name: str
-    """Registry name (the TRAINER of TRAINER:MODEL)."""
-    cls: str
-    """'module:Class' of its Arm subclass, imported when an arm is made."""
-    about: str
-    """What it is, as the report names it."""
-    models: tuple[str, ...] = tuple(MODELS)
-    """Model kinds it drives; a trainer with one kind has no TRAINER:MODEL pairs."""
-
-    def arm_class(self) -> type[Arm]:
-        module, _, name = self.cls.partition(":")
-        return getattr(importlib.import_module(module), name)
-
-
-TRAINERS: dict[str, Trainer] = {t.name: t for t in (
-    Trainer(name="engine", cls="arms.engine_arm:EngineArm",
-            about="our TrainingEngine (split fwd_bwd + update)"),
-    Trainer(name="engine-fused", cls="arms.engine_arm:FusedEngineArm",
-            about="our TrainingEngine (fused train_step)"),
-    Trainer(name="native", cls="arms.native:NativeArm", about="one jitted step (the limit)"),
-    Trainer(name="peft", cls="arms.peft:PeftArm", about="Tunix's PeftTrainer"),
-    Trainer(name="maxtext-engine", cls="arms.maxtext_engine:MaxTextEngineArm",
-            about="MaxText's MaxTextTrainingEngine", models=("maxtext",)),
-)}
 
 NAMED_ARMS: dict[str, tuple[str, str]] = {
     "engine": ("engine", "decoder"),
@@ -81,17 +47,88 @@ PLUGIN = "plugin"
 """The model kind `resolve` reports for a plugin arm (which builds its own)."""
 
 
-def resolve(name: str) -> tuple[str, str]:
-    """'peft-tunix' or 'engine:tunix' -> (trainer, model); a clear error lists the valid."""
+@dataclasses.dataclass(frozen=True)
+class ArmChoice:
+    """An arm name resolved once (`lookup`): its trainer and model kind, and what is done
+    with it (import what it needs, make it, say why it cannot run here) without resolving
+    the name again."""
+
+    name: str
+    """The name as given ('peft-tunix', 'engine:tunix', or a plugin arm's)."""
+    trainer: str
+    """Registry name of its trainer, or the plugin arm's own name."""
+    model: str
+    """Its model kind (MODELS), or PLUGIN."""
+
+    @property
+    def plugin(self) -> bool:
+        """A plugin arm builds its own (no abstract build, no options)."""
+        return self.model == PLUGIN
+
+    def arm_class(self) -> type[Arm]:
+        module, _, name = TRAINERS[self.trainer].cls.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    def preload(self) -> None:
+        """Imports what the arm needs (its trainer's module and its model's packages)
+        without building anything, so a caller can time imports apart from the build."""
+        if self.plugin:
+            return
+        self.arm_class()
+        if self.model == "maxtext":
+            from arms.models.maxtext_qwen3 import require_maxtext
+
+            require_maxtext(engine=self.trainer == "maxtext-engine")
+        elif self.model == "tunix":
+            from arms.models.tunix_qwen3 import tunix_model
+
+            tunix_model()
+
+    def make(self, spec: CellSpec, **options) -> Arm:
+        """The unbuilt arm for `spec`; call `.build()` to compile it (or `.plan()`).
+        `options` go to the Arm (`devices`); a plugin arm takes none."""
+        if not self.plugin:
+            return self.arm_class()(spec, self.model, **options)
+        try:
+            return _PLUGINS[self.name](spec, **options)
+        except TypeError:
+            if not options:
+                raise
+            raise ValueError(f"plugin arm {self.name!r} takes no {', '.join(options)}: its "
+                             "factory cannot build it for another mesh (a plan)") from None
+
+    def cannot_share_a_process(self) -> str:
+        """Why this arm cannot share a process with other arms ('' when it can): its trainer
+        or its model changes state the other arms would see."""
+        return (CANNOT_SHARE_A_PROCESS.get(self.trainer)
+                or CANNOT_SHARE_A_PROCESS.get(self.model, ""))
+
+    def unavailable(self, found: dict[str, str | None] | None = None) -> str | None:
+        """Why the arm cannot run in this Python environment (one line naming each
+        package, the version found and the one needed: arms.requirements), or None where it
+        can. A plugin arm builds its own and is judged by its module's import."""
+        from arms.requirements import why_unavailable
+
+        return None if self.plugin else why_unavailable(self.trainer, self.model, found)
+
+
+def lookup(name: str) -> ArmChoice:
+    """'peft-tunix' or 'engine:tunix' -> its ArmChoice; a clear error lists the valid."""
     if name in _PLUGINS:
-        return name, PLUGIN
+        return ArmChoice(name, name, PLUGIN)
     if name in NAMED_ARMS:
-        return NAMED_ARMS[name]
+        return ArmChoice(name, *NAMED_ARMS[name])
     trainer, _, model = name.partition(":")
     if trainer in TRAINERS and model in TRAINERS[trainer].models and len(
             TRAINERS[trainer].models) > 1:
-        return trainer, model
+        return ArmChoice(name, trainer, model)
     raise ValueError(f"unknown arm {name!r}; valid arms: {arms_help()}")
+
+
+def resolve(name: str) -> tuple[str, str]:
+    """'peft-tunix' or 'engine:tunix' -> (trainer, model); a clear error lists the valid."""
+    choice = lookup(name)
+    return choice.trainer, choice.model
 
 
 CANNOT_SHARE_A_PROCESS: dict[str, str] = {
@@ -108,10 +145,8 @@ CANNOT_SHARE_A_PROCESS: dict[str, str] = {
 
 
 def cannot_share_a_process(name: str) -> str:
-    """Why arm `name` cannot share a process with other arms ('' when it can): its trainer or
-    its model changes state the other arms would see."""
-    trainer, model = resolve(name)
-    return CANNOT_SHARE_A_PROCESS.get(trainer) or CANNOT_SHARE_A_PROCESS.get(model, "")
+    """Why arm `name` cannot share a process with other arms ('' when it can)."""
+    return lookup(name).cannot_share_a_process()
 
 
 def arms_help() -> str:
@@ -122,54 +157,20 @@ def arms_help() -> str:
 
 
 def make_arm(name: str, spec: CellSpec, **options) -> Arm:
-    """An unbuilt arm by name; call `.build()` to compile it (or `.plan()`). `options` go to
-    the Arm (`devices`, `capture`); a plugin arm takes none."""
-    if name in _PLUGINS:
-        factory = _PLUGINS[name]
-        if "capture" in options and not _takes(factory, "capture"):
-            # a plugin that builds its own arm keeps its own capture (the check reads it)
-            options = {k: v for k, v in options.items() if k != "capture"}
-        try:
-            return factory(spec, **options)
-        except TypeError:
-            if not options:
-                raise
-            raise ValueError(f"plugin arm {name!r} takes no {', '.join(options)}: its "
-                             "factory cannot build it for another mesh (a plan)") from None
-    trainer, model = resolve(name)
-    return TRAINERS[trainer].arm_class()(spec, model, **options)
-
-
-def _takes(factory: Callable, option: str) -> bool:
-    """Whether `factory` accepts keyword `option` (by name, or through **kwargs)."""
-    parameters = inspect.signature(factory).parameters.values()
-    return any(p.name == option or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+    """An unbuilt arm by name (`lookup(name).make`)."""
+    return lookup(name).make(spec, **options)
 
 
 def preload(name: str) -> None:
-    """Imports what arm `name` needs (its trainer's module and its model's packages) without
-    building anything, so a caller can time imports apart from the build."""
-    if name in _PLUGINS:
-        return
-    trainer, model = resolve(name)
-    TRAINERS[trainer].arm_class()
-    if model == "maxtext":
-        from arms.models.maxtext_qwen3 import require_maxtext
-
-        require_maxtext(engine=trainer == "maxtext-engine")
-    elif model == "tunix":
-        from arms.models.tunix_qwen3 import tunix_model
-
-        tunix_model()
+    """Imports what arm `name` needs without building anything (`ArmChoice.preload`)."""
+    lookup(name).preload()
 
 
 def unavailable(name: str, found: dict[str, str | None] | None = None) -> str | None:
-    """Why arm `name` cannot run in this Python environment (one line naming each package,
-    the version found and the one needed: arms.requirements), or None where it can. A plugin
-    arm builds its own and is judged by its module's import."""
-    from arms.requirements import why_unavailable
+    """Why arm `name` cannot run in this Python environment, or None where it can."""
+    return lookup(name).unavailable(found)
 
-    trainer, model = resolve(name)
-    if model == PLUGIN:
-        return None
-    return why_unavailable(trainer, model, found)
+
+__all__ = ["DEFAULT_ARMS", "MODELS", "NAMED_ARMS", "PLUGIN", "TRAINERS", "ArmChoice", "Trainer",
+           "arms_help", "cannot_share_a_process", "lookup", "make_arm", "preload", "register",
+           "resolve", "unavailable"]

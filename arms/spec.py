@@ -8,10 +8,10 @@ import functools
 import optax
 
 from arms.workload import LossFn, MicroBatch, get_loss, make_micro_batches
+from arms.workload.optimizers import OPTIMIZERS, optimizer_tx
 from engine.model import DecoderConfig, check_fits, get_preset, make_mesh
 from engine.model.sharding import parse_mesh_spec
 
-OPTIMIZERS = ("adamw", "sgd")
 MAX_SEQ_LEN = 40_960
 """Qwen3's context length (max_position_embeddings of every Qwen3 config): RoPE is defined
 beyond it, but no Qwen3 was trained there, and a longer sequence on a small host only runs
@@ -50,7 +50,7 @@ class CellSpec:
     epsilon_c: float | None = None
     """tunix-grpo: dual-clip bound (None: no dual clip)."""
     optimizer: str = "adamw"
-    """Optax optimizer ("adamw" or "sgd")."""
+    """Optax optimizer ("adamw" or "sgd": arms.workload.optimizers)."""
     learning_rate: float = 1e-3
     """Optimizer learning rate."""
     clip: float | None = None
@@ -127,9 +127,8 @@ class CellSpec:
                                       and self.z_loss else {}))
 
     def optimizer_tx(self) -> optax.GradientTransformation:
-        if self.optimizer == "adamw":
-            return optax.adamw(self.learning_rate)
-        return optax.sgd(self.learning_rate)
+        """The cell's optimizer (arms.workload.optimizers.optimizer_tx)."""
+        return optimizer_tx(self.optimizer, self.learning_rate)
 
     def data_seed(self, step: int) -> int:
         """The seed of step `step`'s data (the weights use `seed` itself)."""

@@ -9,7 +9,11 @@ files named here and, in lockstep, a socket (the gate), so the parent can drive 
 of another commit (`parity ab`). This module imports the standard library only.
 
 `PROTOCOL` is the version of this contract a worker speaks; `python -m WORKER_MODULE
---protocol` prints it. Version 3: `CellRun.capture` (a worker of version 2 always builds the
+--protocol` prints it. Version 4: the worker reads the gradient the parity check needs from
+the optimizer's own state and adds nothing to the trainer's program; `CellRun.capture` is
+read only by workers of version 3, which chained a gradient capture into the timed step
+where it was True (the parent sends False: such a worker times its trainer's own program,
+and checks no parity). Version 3: `CellRun.capture` (a worker of version 2 always builds the
 capture). Version 2: the worker is `harness.cell`, in-process pairing (`--slices`) and
 lockstep (`--gate-fd`) included. Commits before this module have a
 worker `harness.worker` with the same arguments (version 1 where it has `--gate-fd`, 0
@@ -23,9 +27,13 @@ import dataclasses
 import hashlib
 import json
 
-PROTOCOL = 3
+PROTOCOL = 4
 CAPTURE_PROTOCOL = 3
-"""The first protocol whose worker reads `CellRun.capture`."""
+"""The first protocol whose worker reads `CellRun.capture` (workers before it always chain
+the gradient capture into the step they time)."""
+TRAINER_ONLY_PROTOCOL = 4
+"""The first protocol whose worker times only the trainer's own program, parity checked or
+not (`CellRun.capture` is sent to a worker of CAPTURE_PROTOCOL as False for the same)."""
 WORKER_MODULE = "harness.cell"
 ZYGOTE_MODULE = "harness.cell.zygote"
 
@@ -55,8 +63,12 @@ COMPILE_CACHE = "PARITY_COMPILE_CACHE"
 """Environment variable: the directory of the JAX persistent compilation cache a worker
 shares with the other cells of its arm; unset: every compile is cold."""
 REFERENCE_DIR = "PARITY_REFERENCE_DIR"
-"""Environment variable: where the cells of a run keep the exact reference gradients they
-computed, one file per spec (`reference_file`); unset: every cell computes its own."""
+"""Environment variable: where the exact reference gradients are kept (harness.cell.
+reference_store): computed by the first cell that needs one, read by every other arm and
+every later run pointed at the same directory; unset: every cell computes its own."""
+REFERENCE_BOUND = "PARITY_REFERENCE_BOUND_GB"
+"""Environment variable: the size bound of the reference store in GB (its default:
+harness.cell.reference_store.DEFAULT_BOUND_GB)."""
 
 WORKER_NAME = b"parity-worker"
 """A worker forked from a zygote names its process this (/proc/PID/comm, what ps and top
@@ -96,11 +108,11 @@ class CellRun:
     and graph_viewer need (~1.5x bigger trace files)."""
     parity: bool = True
     """Compare the first step's captured gradient with the exact reference."""
-    capture: bool = True
-    """Build the arm with the gradient capture chained in front of its optimizer (what the
-    check reads): every round of a cell whose parity is checked in one of them, so that all
-    its rounds time one program; off where the run checks none (`--no-parity`), so the
-    cell runs the trainer's own program. Protocol 3 and on."""
+    capture: bool = False
+    """Read only by a worker of protocol 3 (CAPTURE_PROTOCOL), which chains the gradient
+    capture in front of the optimizer of the step it times where this is True; always sent
+    (`cell_json`), as False, so such a worker times the trainer's own program as later
+    workers do (and checks no parity). A worker of TRAINER_ONLY_PROTOCOL on ignores it."""
     plugins: tuple[str, ...] = ()
     """Modules to import first (they may register extra arms, e.g. test-only ones)."""
     distributed: dict | None = None
@@ -118,9 +130,6 @@ class CellRun:
     """Where a plan writes each executable's optimized HLO text (`<executable>.hlo.txt`)."""
     plan_cache: str | None = None
     """The plan cache directory (harness.cell.plan); None: every executable is compiled."""
-    plan_capture: bool = False
-    """Plan the program `parity run` builds, the gradient capture chained in front of the
-    optimizer (a parameter-sized float32 buffer more), instead of the trainer's own."""
     fit_check: bool = True
     """Before building anything, plan the cell's step for its device and refuse it there if
     its planned peak exceeds what a device may use (harness.cell.fit): on an accelerator,
@@ -139,16 +148,9 @@ measurements, and the parent replaces this with how the process ended."""
 
 def cell_hash(spec: dict) -> str:
     """The identity of a cell's work: 16 hex digits of the sha256 of its spec as canonical
-    JSON. Records with equal hashes were given the same work; the exact reference of a
-    spec is stored under it."""
+    JSON. Records with equal hashes were given the same work."""
     blob = json.dumps(spec, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def reference_file(directory: str, spec: dict, precision: str = "default") -> str:
-    """The file under REFERENCE_DIR holding the exact reference of `spec` computed at matmul
-    `precision` (JAX's names: "default", "highest")."""
-    return f"{directory}/{cell_hash(spec)}-{precision}.msgpack"
 
 
 def progress_file(out: str) -> str:
@@ -157,13 +159,19 @@ def progress_file(out: str) -> str:
     return f"{out}.progress"
 
 
+ALWAYS_SENT = ("capture",)
+"""CellRun fields written even at their default: a worker of an older protocol defaults
+`capture` to True."""
+
+
 def cell_json(cell: CellRun) -> str:
     """`cell` as the worker's --cell JSON: the fields that differ from their defaults, so a
     worker of an older commit that lacks a newer field still reads it."""
     defaults = {f.name: f.default for f in dataclasses.fields(CellRun)}
     data = dataclasses.asdict(cell)
     return json.dumps({k: v for k, v in data.items()
-                       if defaults[k] is dataclasses.MISSING or v != defaults[k]})
+                       if defaults[k] is dataclasses.MISSING or v != defaults[k]
+                       or k in ALWAYS_SENT})
 
 
 def cell_from_json(data: dict) -> CellRun:

@@ -130,21 +130,35 @@ def _timing_columns(r: Record, timed: list[Record], runs: list[list[float]], cen
     }
 
 
+def cost_source(r: Record):
+    """Where a run record's compiled FLOPs and bytes per step come from: on an accelerator,
+    the plan of its own program its fit check made there (`Record.plan`: the same HLO count
+    for every arm), whatever the runtime's cost model gives (on a TPU, a figure for some
+    programs and none for others); elsewhere the runtime's loop-aware cost model. Returns
+    (source name, compiled FLOPs per step, bytes per step)."""
+    cost, env, plan = r.cost, r.environment, r.plan
+    if plan is not None and not r.is_plan and env is not None and env.backend != "cpu":
+        return "plan", plan.flops_per_step, plan.hbm_bytes_per_step
+    if cost is None:
+        return None, None, None
+    return "runtime", cost.compiled_flops_per_step, cost.bytes_accessed_per_step
+
+
 def _cost_columns(r: Record, center) -> dict:
     """Compiled cost and memory; model FLOPs per second at the pooled median (`center`)."""
     cost, memory, env = r.cost, r.memory, r.environment
     flops_per_s = (cost.model_flops_per_step / (center.median / 1e3)
                    if cost and cost.model_flops_per_step and center else None)
+    source, compiled, accessed = cost_source(r)
     return {
         "model_flops_per_step": cost and cost.model_flops_per_step,
         "model_flops_per_s": flops_per_s,
         "mfu": (cost.mfu_vs_bf16_peak * flops_per_s / cost.model_flops_per_s
                 if flops_per_s and cost.mfu_vs_bf16_peak else None),
-        "compiled_flops_per_step": cost and cost.compiled_flops_per_step,
+        "compiled_flops_per_step": compiled, "cost_source": source,
         "flops_per_model_flop": flops_per_model_flop(
-            cost and cost.compiled_flops_per_step, cost and cost.model_flops_per_step,
-            env and env.device_count),
-        "bytes_accessed_per_step": cost and cost.bytes_accessed_per_step,
+            compiled, cost and cost.model_flops_per_step, env and env.device_count),
+        "bytes_accessed_per_step": accessed,
         "cost_unavailable": _unavailable(cost.unavailable) if cost else None,
         "peak_bytes": memory and memory.peak_bytes_in_use,
         "peak_reserved": _peak_reserved(memory),

@@ -141,10 +141,24 @@ def known_causes(arm: str, spec: Spec | None, parity: Parity) -> tuple[str, ...]
     causes = []
     ga = spec.ga if spec is not None else len(parity.denominators)
     if _is_peft(arm) and ga > 1 and len(set(parity.denominators)) > 1:
-        causes.append(MEAN_OF_MEANS)
+        causes.append(MEAN_OF_MEANS + _as_predicted(parity))
     if (arm in _MAXTEXT_MODEL_ARMS or arm.endswith(":maxtext")) and parity.tied_head is not False:
         causes.append(BF16_TIED_HEAD)
     return tuple(causes)
+
+
+def _as_predicted(parity: Parity) -> str:
+    """', at its predicted rel_l2 8.28e-01 (the mean of means to 3.1e-07: PASS)': what the
+    record says of the mean of micro-batch means, where it computed one ('' else): its own
+    distance from the exact gradient (the rel_l2 a trainer averaging micro-batch means is
+    predicted to show), and the trainer's distance from it, judged at the cell's
+    tolerance."""
+    predicted, measured = parity.predicted_rel_l2, parity.mean_of_means_rel_l2
+    if predicted is None or measured is None:
+        return ""
+    verdict = PASS if measured <= tolerance(parity) else FAIL
+    return (f", at its predicted rel_l2 {predicted:.2e} (the mean of means to "
+            f"{measured:.1e}: {verdict})")
 
 
 def _is_peft(arm: str) -> bool:

@@ -25,6 +25,7 @@ from reports.parity import PASS, TOLERANCE_RULE
 from reports.tables import (
     ARM_VIEW,
     MISSING,
+    SHAPE,
     by_shape,
     failed,
     fails_parity,
@@ -58,6 +59,25 @@ PLANNED = [  # the same, from a `parity plan` record of the same arm and shape
      lambda v: f"{v / 2**30:.3f} GiB"),
     ("plan_flops_per_step", "FLOPs/step on {target}", lambda v: f"{v / 1e12:.3f} T"),
 ]
+
+
+REPEATED = ("plan_peak", "plan_hbm_per_step", "plan_flops_per_step")
+"""PLANNED columns that repeat an EXACT one where a cell carries its own plan: its planned
+peak is the executables' own, its HBM bytes and FLOPs are the EXACT columns' source."""
+SOURCED = ("bytes_accessed_per_step", "flops_per_model_flop")
+"""EXACT columns whose figure may come from a plan or from the runtime's cost model."""
+
+
+def _source_tag(frame: pd.DataFrame, row, column) -> str:
+    """' [plan]' or ' [runtime]' after a sourced figure where the rows of its shape mix the
+    two sources (then the figures are not one count; each says which it is), '' else."""
+    if column not in SOURCED or "cost_source" not in row.index or _value(row, column) is None:
+        return ""
+    shape = frame
+    for column_of_shape in SHAPE:
+        shape = shape[shape[column_of_shape] == row[column_of_shape]]
+    sources = set(shape["cost_source"].dropna())
+    return f" [{row['cost_source']}]" if len(sources) > 1 else ""
 
 
 def _value(row, column):
@@ -94,6 +114,18 @@ def _plan_of(plans: pd.DataFrame | None, row):
     return same.iloc[0] if not same.empty else None
 
 
+def _exact_columns(frame: pd.DataFrame) -> list[tuple]:
+    """EXACT, each figure from one count for every arm: where cells ran on an accelerator
+    with the plan of their own program (reports.frame.cost_source), their compiled FLOPs and
+    bytes are that plan's, said in the header, and the plan's own columns are not repeated."""
+    sources = set(frame.get("cost_source", pd.Series(dtype=object)).dropna())
+    if sources != {"plan"}:
+        return EXACT
+    relabelled = {"bytes_accessed_per_step": "HBM bytes/step (plan)",
+                  "flops_per_model_flop": "planned matmul/model FLOPs"}
+    return [(c, relabelled.get(c, h), f) for c, h, f in EXACT]
+
+
 def exact(frame: pd.DataFrame, baseline_arm: str, plans: pd.DataFrame | None = None) -> str:
     """The exact comparisons of every timed cell against the baseline arm of its shape."""
     own = "plan_for" in frame and frame["plan_for"].notna().any()
@@ -102,18 +134,21 @@ def exact(frame: pd.DataFrame, baseline_arm: str, plans: pd.DataFrame | None = N
     else:
         target = (", ".join(dict.fromkeys(ok(plans)["plan_target"]))
                   if plans is not None and not ok(plans).empty else "")
-    columns = EXACT + ([(c, h.format(target=target), f) for c, h, f in PLANNED]
-                       if target else [])
+    columns = _exact_columns(frame)
+    planned = [(c, h.format(target=target), f) for c, h, f in PLANNED
+               if not (own and c in REPEATED)] if target else []
+    columns += planned
     rows = []
     for _, r in frame.iterrows():
         base_rows = same_shape(frame, r, baseline_arm)
         base = base_rows.iloc[0] if not base_rows.empty else None
-        cells = [_exact_cell(r, base, c, f) + _traced_note(r, c) for c, _, f in EXACT]
+        cells = [_exact_cell(r, base, c, f) + _traced_note(r, c) + _source_tag(frame, r, c)
+                 for c, _, f in columns[:len(EXACT)]]
         if target:
             plan, base_plan = ((r, base) if own else
                                (_plan_of(plans, r),
                                 None if base is None else _plan_of(plans, base)))
-            cells += [_exact_cell(plan, base_plan, c, f) for c, _, f in PLANNED]
+            cells += [_exact_cell(plan, base_plan, c, f) for c, _, f in planned]
         rows.append((shape_label(r), r["arm"], *cells))
     return markdown(["shape", "arm", *[h for _, h, _ in columns]], rows,
                     why={"compiled/model FLOPs": "no model FLOP formula or compiled cost"})

@@ -274,9 +274,13 @@ def cost(df: pd.DataFrame) -> str:
                      _f(r["compiles"], ".0f")))
     unavailable = [f"- {shape_label(r)} {r['arm']}: {r['cost_unavailable']}"
                    for _, r in frame.iterrows() if r["cost_unavailable"]]
-    text = markdown(["shape", "arm", "model GFLOP/step", "compiled GFLOP/step per device",
-                     "compiled x devices / model", "bytes accessed/step", "model TFLOP/s", "MFU",
-                     "program calls/step", "compiles"], rows,
+    planned = set(frame.get("cost_source", pd.Series(dtype=object)).dropna()) == {"plan"}
+    compiled_head = ("planned matmul GFLOP/step per device (plan)" if planned
+                     else "compiled GFLOP/step per device")
+    text = markdown(["shape", "arm", "model GFLOP/step", compiled_head,
+                     "compiled x devices / model",
+                     "HBM bytes/step (plan)" if planned else "bytes accessed/step",
+                     "model TFLOP/s", "MFU", "program calls/step", "compiles"], rows,
                     why={"MFU": "needs model FLOPs and the device's peak FLOP/s",
                          "compiles": "not in these records"})
     if unavailable:

@@ -16,9 +16,15 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
 
 import pathlib
+import tempfile
 
 import jax
 import pytest
+
+# Exact references are kept between runs (harness.cell.reference_store), by default in the
+# user's cache directory: the tests keep theirs apart, one store a test (`_reference_store`)
+# and this one for what a module-scoped fixture runs before any test's own.
+os.environ["PARITY_REFERENCE_DIR"] = tempfile.mkdtemp(prefix="parity-test-reference-")
 
 # Tests compile the same tiny programs many times (every engine test builds a fresh engine);
 # XLA's persistent cache serves the repeats. The harness's cells never see this one: each
@@ -39,3 +45,10 @@ def devices():
     found = jax.devices()
     assert len(found) == 8, f"expected 8 emulated devices, got {len(found)}: XLA_FLAGS was ignored"
     return found
+
+
+@pytest.fixture(autouse=True)
+def _reference_store(tmp_path_factory, monkeypatch):
+    """Each test's cells keep their exact references in a store of their own: whether a
+    reference was computed or read back is then the test's own doing."""
+    monkeypatch.setenv("PARITY_REFERENCE_DIR", str(tmp_path_factory.mktemp("reference")))

@@ -33,7 +33,7 @@ from flax.linen import spmd as linen_spmd
 from jax.sharding import AxisType, Mesh
 
 from arms.models import compiled_module
-from arms.models.paths import get_path, set_path
+from arms.models.paths import array_module, get_path, set_path
 from engine.model import Decoder, DecoderConfig, build_decoder
 from engine.model.sharding import MESH_AXES, abstract_on, check_fits, named_shardings
 
@@ -301,12 +301,12 @@ def maxtext_to_decoder_params(theirs: dict, config: DecoderConfig) -> dict:
     for our_path, their_path in _layer_pairs():
         if scanned:
             stacked = get_path(theirs["decoder"]["layers"], their_path)
-            values = list(jnp.moveaxis(stacked, SCAN_AXIS, 0))
+            values = list(array_module(stacked).moveaxis(stacked, SCAN_AXIS, 0))
         else:
             values = [get_path(theirs["decoder"][f"layers_{i}"], their_path)
                       for i in range(config.num_layers)]
         if config.scan_layers:
-            set_path(ours, ("layers", *our_path), jnp.stack(values))
+            set_path(ours, ("layers", *our_path), array_module(values[0]).stack(values))
         else:
             for i, value in enumerate(values):
                 set_path(ours, ("layers", i, *our_path), value)

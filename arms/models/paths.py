@@ -19,3 +19,15 @@ def set_path(tree: dict, path: Sequence[Any], value: Any) -> None:
     for key in path[:-1]:
         tree = tree.setdefault(key, {})
     tree[path[-1]] = value
+
+
+def array_module(value):
+    """numpy for a host array, else jax.numpy: a layout conversion (stacking layers,
+    moving an axis) of host arrays stays on the host, and never allocates device memory."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        return np
+    import jax.numpy as jnp
+
+    return jnp

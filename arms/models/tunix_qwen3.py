@@ -9,13 +9,12 @@ Tunix's Qwen3 can express (`check_expressible`) without importing it.
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 from jax.interpreters import pxla
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from arms.models import compiled_module
-from arms.models.paths import get_path, set_path
+from arms.models.paths import array_module, get_path, set_path
 from engine.model import Decoder, DecoderConfig, attention_mask, build_decoder
 from engine.model.sharding import abstract_on, check_fits
 
@@ -164,7 +163,7 @@ def tunix_to_decoder_params(tunix_params: dict, config: DecoderConfig) -> dict:
     for our_path, their_path in _layer_pairs():
         values = [get_path(layer, their_path) for layer in layers]
         if config.scan_layers:
-            set_path(ours, ("layers", *our_path), jnp.stack(values))
+            set_path(ours, ("layers", *our_path), array_module(values[0]).stack(values))
         else:
             for i, value in enumerate(values):
                 set_path(ours, ("layers", i, *our_path), value)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import numpy as np
 from flax import nnx
 
-from arms.workload.batches import MicroBatch
+from arms.workload.batches import MicroBatch, denominators
 from arms.workload.losses import LossFn
 from engine.model import run_once_options
 
@@ -36,14 +37,29 @@ def exact_loss_and_gradient(model: nnx.Module, micro_batches: Sequence[MicroBatc
     return float(value), grads
 
 
-def exact_by_micro_batch(model: nnx.Module, micro_batches: Sequence[MicroBatch],
-                         loss: LossFn) -> tuple[float, dict]:
+class References(NamedTuple):
+    """What `references_by_micro_batch` computes, on the host."""
+
+    loss: float
+    """sum_i loss_sum_i / sum_i den_i."""
+    exact: dict
+    """Its gradient, sum_i grad(loss_sum_i) / sum_i den_i (float32 numpy, pure dict)."""
+    mean_of_means: dict | None
+    """(1/n) sum_i grad(loss_sum_i) / den_i: the gradient a trainer averaging micro-batch
+    mean losses computes (optax.MultiSteps over mean losses, PeftTrainer's accumulation);
+    None where it is the exact gradient itself (one micro-batch, or equal denominators)."""
+
+
+def references_by_micro_batch(model: nnx.Module, micro_batches: Sequence[MicroBatch],
+                              loss: LossFn) -> References:
     """The same (loss, gradient) as `exact_loss_and_gradient`, with the device memory of one
     micro-batch: each micro-batch's (loss_sum, grad(loss_sum)) by one compiled program,
     summed on the host in float64, divided by the summed denominators there. The sum of
     gradients is the gradient of the sum, so it differs from the one-program reference only
-    in the order float32 terms are added (~1e-7 relative). Returns the gradient as a pure
-    dict of float32 numpy arrays."""
+    in the order float32 terms are added (~1e-7 relative). Beside it, where the
+    micro-batches' denominators differ, the mean of micro-batch mean gradients from the same
+    per-micro-batch gradients (`References`). Host memory: one float64 accumulator of the
+    parameters (two with the mean of means), updated a leaf at a time."""
     graph, params, rest = nnx.split(model, nnx.Param, ...)
 
     def summed(params, micro_batch):
@@ -52,14 +68,35 @@ def exact_by_micro_batch(model: nnx.Module, micro_batches: Sequence[MicroBatch],
 
     step = jax.jit(jax.value_and_grad(summed, has_aux=True),
                    compiler_options=run_once_options())
-    total, denominator, grads = 0.0, 0.0, None
+    ragged = len(set(denominators(micro_batches, loss))) > 1
+    total, dens, sums, means, tree = 0.0, [], None, None, None
     for micro_batch in micro_batches:
         (loss_sum, den), grad = jax.device_get(step(params, micro_batch))
-        total, denominator = total + float(loss_sum), denominator + float(den)
-        grad = jax.tree.map(lambda g: np.asarray(g, np.float64), nnx.to_pure_dict(grad))
-        grads = grad if grads is None else jax.tree.map(np.add, grads, grad)
-    scale = 1.0 / denominator if denominator else 0.0
-    return total * scale, jax.tree.map(lambda g: (g * scale).astype(np.float32), grads)
+        total, den = total + float(loss_sum), float(den)
+        dens.append(den)
+        leaves, tree = jax.tree.flatten(nnx.to_pure_dict(grad))
+        if sums is None:
+            sums = [np.zeros(x.shape, np.float64) for x in leaves]
+            means = [np.zeros(x.shape, np.float64) for x in leaves] if ragged else None
+        for k, leaf in enumerate(leaves):
+            wide = leaf.astype(np.float64)
+            sums[k] += wide
+            if means is not None and den:
+                wide /= den
+                means[k] += wide
+    scale = 1.0 / sum(dens) if sum(dens) else 0.0
+    return References(
+        loss=total * scale,
+        exact=jax.tree.unflatten(tree, [(x * scale).astype(np.float32) for x in sums]),
+        mean_of_means=None if means is None else jax.tree.unflatten(
+            tree, [(x / len(dens)).astype(np.float32) for x in means]))
+
+
+def exact_by_micro_batch(model: nnx.Module, micro_batches: Sequence[MicroBatch],
+                         loss: LossFn) -> tuple[float, dict]:
+    """(loss, exact gradient) of `references_by_micro_batch`."""
+    found = references_by_micro_batch(model, micro_batches, loss)
+    return found.loss, found.exact
 
 
 def exact_gradient(model: nnx.Module, micro_batches: Sequence[MicroBatch],
@@ -127,5 +164,6 @@ def max_rel_error(a: jax.Array, b: jax.Array) -> float:
     return float(np.max(np.abs(a64 - b64)) / max(np.max(np.abs(b64)), np.finfo(float).tiny))
 
 
-__all__ = ["exact_gradient", "exact_loss_and_gradient", "global_norm", "max_rel_error",
-           "norms", "rel_l2", "relative"]
+__all__ = ["References", "exact_by_micro_batch", "exact_gradient", "exact_loss_and_gradient",
+           "global_norm", "max_rel_error", "norms", "references_by_micro_batch", "rel_l2",
+           "relative"]

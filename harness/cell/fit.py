@@ -13,18 +13,15 @@ program whose own buffers exceed the device is refused by the compiler itself
 (RESOURCE_EXHAUSTED, "the total memory required ... (X) exceeds available HBM (Y)"): that is
 a does-not-fit too, at the compiler's figures.
 
-The plan is of the program the cell will run: with the gradient capture where the cell's
-parity is checked (every round of such a cell runs its arm with it, so that all time one
-program; the captured gradient is a parameter-sized float32 buffer in the optimizer state,
-written every step), without it where not. It is compiled with the arm's own
-compiler options and nothing added: with the run's persistent compilation cache on
-(harness.cell.phases), the build that follows loads what the check compiled instead of
-compiling it again, so the check's cost on a cell that fits is the abstract build and
-lowering. A later round, or a rerun with the same cache,
-loads the check's compiles too: `FitCheck.cached` says so. Where the program with the
-capture does not fit and the one without it does, the cell is measured without it and says
-why its parity was not checked (`fit_cell`); where neither fits, the refusal gives the
-seconds of both plans.
+The plan is of the very program the cell times (the trainer's own: the parity check adds
+nothing to it, harness.cell.reference), made by the arm object the cell then builds
+(`check_fit` takes it), and compiled with the arm's own compiler options and nothing added:
+with the run's persistent compilation cache on (harness.cell.phases), the build that follows
+loads what the check compiled instead of compiling it again, so a program is compiled once
+per cell, and the check's own cost on a cell that fits is the abstract build and lowering.
+A later round, or a rerun with the same cache, loads the check's compiles too:
+`FitCheck.cached` says so, and the record's compile log (`Timing.compile_log`) names every
+program compiled and whether it was loaded.
 
 The CPU backend has no device memory limit, so the check runs there only where the cell
 names one (`CellRun.fit_bytes`: the tests, or a user keeping headroom).
@@ -58,9 +55,6 @@ class FitCheck:
     """Wall time of the check: abstract build, lowering and compiles (or cache loads)."""
     cached: bool
     """Every executable of the plan was loaded from the run's compilation cache."""
-    plans: int = 1
-    """How many programs were planned to reach the verdict (2: with the gradient capture,
-    then without it); `seconds` is their total."""
 
     @property
     def fits(self) -> bool:
@@ -69,9 +63,8 @@ class FitCheck:
     def text(self) -> str:
         """'planned 16.42 of 15.75 GiB (step; checked in 3.1 s, its compile cached)'."""
         how = "its compile cached" if self.cached else "compiled"
-        over = f" over {self.plans} plans" if self.plans > 1 else ""
         return (f"planned {self.planned / 2**30:.2f} of {self.capacity / 2**30:.2f} GiB "
-                f"({self.where}; checked in {self.seconds:.1f} s{over}, {how})")
+                f"({self.where}; checked in {self.seconds:.1f} s, {how})")
 
     def failure(self) -> Record:
         """The record of a cell that does not fit: why, with the plan that says so."""
@@ -86,58 +79,34 @@ def device_limit(device) -> int | None:
     return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
 
 
-def applies(run: CellRun) -> bool:
+def applies(run: CellRun, plugin: bool) -> bool:
     """Whether cell `run` gets a fit check here: on an accelerator unless turned off, on CPU
-    where it names a limit; never for a plugin arm (its factory builds it for this process's
-    devices only, with no abstract build)."""
+    where it names a limit; never for a `plugin` arm (its factory builds it for this
+    process's devices only, with no abstract build)."""
     import jax
 
-    from arms.registry import PLUGIN, resolve
-
-    if not run.fit_check or resolve(run.arm)[1] == PLUGIN:
+    if not run.fit_check or plugin:
         return False
     return run.fit_bytes is not None or jax.default_backend() != "cpu"
 
 
-def fit_cell(run: CellRun, spec, compiles) -> tuple[FitCheck | None, bool, str | None]:
-    """(the fit check of the program cell `run` will run, whether it runs with the gradient
-    capture, why its parity will not be checked or None). A cell none of whose rounds checks
-    parity (`CellRun.capture` off) runs its arm without the capture (the program its users
-    run). Otherwise every round runs it with the capture, so all its rounds time one
-    program; a program that does not fit with it but does without it is measured without
-    it, and says why its parity was not checked. The check is None where none applies."""
-    fit = check_fit(run, spec, compiles, capture=run.capture)
-    if fit is None or fit.fits or not run.capture:
-        return fit, run.capture, None
-    without = check_fit(run, spec, compiles, capture=False)
-    both = dataclasses.replace(without, seconds=fit.seconds + without.seconds,
-                               plans=fit.plans + without.plans)
-    if not without.fits:
-        return both, True, None
-    why = (f"does not fit with the captured gradient: {fit.text()}; measured without it, "
-           f"{without.text()}")
-    return both, False, why if run.parity else None
-
-
-def check_fit(run: CellRun, spec, compiles, capture: bool = True) -> FitCheck | None:
-    """The plan of cell `run`'s step for this process's devices (its arm with the gradient
-    capture, or without) against the memory one may use; None where no check applies
-    (`applies`) or the device states no limit. `compiles`: the process's compile counter
-    (harness.cell.phases.CompileCounter), which says whether the compiles were loaded from
-    the cache."""
+def check_fit(run: CellRun, choice, arm, spec, compiles) -> FitCheck | None:
+    """The plan of `arm` (unbuilt; cell `run`'s, resolved as `choice`:
+    arms.registry.ArmChoice) for this process's devices against the memory one may use; None
+    where no check applies (`applies`) or the device states no limit. `compiles`: the
+    process's compile counter (harness.cell.phases.CompileCounter), which says whether the
+    compiles were loaded from the cache."""
     import jax
 
-    from arms.registry import make_arm
     from harness.xla.target import REFUSED, size_bytes
 
-    if not applies(run):
+    if not applies(run, choice.plugin):
         return None
     device = jax.local_devices()[0]
     capacity = run.fit_bytes if run.fit_bytes is not None else device_limit(device)
     if capacity is None:
         return None
     start, hits = time.perf_counter(), compiles.cache_hits
-    arm = make_arm(run.arm, spec, capture=capture)
     arm_plan = arm.plan()
     try:
         compiled = _compile(arm_plan)

@@ -64,22 +64,23 @@ def run_paired(runs: Sequence[CellRun], slices: int, phases: Phases,
     from slice to slice (`slice_order`); one record per arm. With a `gate` (lockstep A/B,
     harness.orchestrator.lockstep), the process says when it is ready and times each slice only when
     told to, as another process's slices alternate with its own."""
-    from arms.registry import preload
+    from arms.registry import lookup
     from arms.spec import CellSpec
 
     for module in dict.fromkeys(m for run in runs for m in run.plugins):
         importlib.import_module(module)
     spec = CellSpec.from_dict(runs[0].spec)
-    for run in runs:
-        preload(run.arm)
+    choices = [lookup(run.arm) for run in runs]
+    for choice in choices:
+        choice.preload()
     phases.end("imports")
     compiles = start_backend(phases)
     built = []
-    for run in runs:
-        arm, build_s = build_arm(run.arm, spec, run.capture)
+    for run, choice in zip(runs, choices, strict=True):
+        arm, build_s = build_arm(choice.make(spec))
         batches = arm.place(spec.micro_batches(0))
-        first_loss, captured = warm_up(arm, batches, run)
-        built.append((run, arm, batches, build_s, first_loss, captured))
+        first_loss, gradient = warm_up(arm, batches, run)
+        built.append((run, arm, batches, build_s, first_loss, gradient))
     phases.end("build")
     per_slice = runs[0].steps // slices
     samples = [([], [], []) for _ in built]
@@ -94,12 +95,12 @@ def run_paired(runs: Sequence[CellRun], slices: int, phases: Phases,
         gate.released()
     phases.end("timed")
     records = []
-    for k, (run, arm, _, build_s, first_loss, captured) in enumerate(built):
+    for k, (run, arm, _, build_s, first_loss, gradient) in enumerate(built):
         timing = timing_record(arm, run, spec, samples[k], pauses[k], recompiles[k],
                                compiles, build_s, noise, slices=[per_slice] * slices)
         executables = arm.executables()
         planned = planned_memory(executables, arm.held_bytes())
-        parity, unchecked = (checked_parity(spec, captured, first_loss,
+        parity, unchecked = (checked_parity(spec, gradient, first_loss,
                                             arm.trainer_denominator())
                              if run.parity else (None, None))
         records.append(Record(

@@ -17,6 +17,8 @@ class Phases:
         self.seconds: dict[str, float] = {}
         self._progress = progress
         """A file each ended phase is appended to (harness.contract.progress_file)."""
+        self.listeners: list = []
+        """Called with each phase's name as it ends (the compile log labels its entries)."""
         if spawned_at is not None:
             self.seconds["start"] = max(0.0, time.time() - spawned_at)
             self._note("start")
@@ -37,6 +39,8 @@ class Phases:
             spent -= seconds
         self.seconds[name] = self.seconds.get(name, 0.0) + max(0.0, spent)
         self._note(name)
+        for listener in self.listeners:
+            listener(name)
         self._last = now
 
 
@@ -69,6 +73,12 @@ def host_gather(tree):
     return jax.tree.map(lambda x: multihost_utils.process_allgather(x, tiled=True), tree)
 
 
+COMPILE_CACHE_BOUND = 64 * 2**30
+"""The compilation cache's size bound. JAX locks its cache directory around each read and
+write only where it may evict (a bound is set): the run's cells share one cache, and planned
+cells (`parity plan --jobs`) write it side by side."""
+
+
 def use_compile_cache() -> None:
     """Points JAX's persistent compilation cache at $PARITY_COMPILE_CACHE (every program,
     however quick to compile), where one is given. A program
@@ -80,6 +90,7 @@ def use_compile_cache() -> None:
     import jax
 
     jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_compilation_cache_max_size", COMPILE_CACHE_BOUND)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
@@ -87,7 +98,9 @@ def use_compile_cache() -> None:
 class CompileCounter:
     """Counts backend compiles (cold, or loaded from the persistent compilation cache: JAX
     reports both as a backend compile), their seconds and, of those, the cache hits, through
-    jax.monitoring listeners."""
+    jax.monitoring listeners; and logs each one (`log`: the program's name, its seconds,
+    whether it was loaded, and the phase it happened in, `label`), so a record says which
+    programs a cell compiled and that none was compiled twice."""
 
     def __init__(self):
         import jax
@@ -95,6 +108,9 @@ class CompileCounter:
         self.count = 0
         self.seconds = 0.0
         self.cache_hits = 0
+        self.log: list[dict] = []
+        """One entry per backend compile: {"program", "seconds", "cached", "phase"}."""
+        self._hit = False
         jax.monitoring.register_event_duration_secs_listener(self._on_duration)
         jax.monitoring.register_event_listener(self._on_event)
 
@@ -102,10 +118,23 @@ class CompileCounter:
         if event == "/jax/core/compile/backend_compile_duration":
             self.count += 1
             self.seconds += duration
+            # JAX reports a persistent-cache hit from inside the compile call it serves,
+            # before that call's duration: the hit belongs to this entry.
+            self.log.append({"program": str(kwargs.get("fun_name", "?")),
+                             "seconds": round(duration, 3), "cached": self._hit,
+                             "phase": None})
+            self._hit = False
 
     def _on_event(self, event: str, **kwargs) -> None:
         if event == "/jax/compilation_cache/cache_hits":
             self.cache_hits += 1
+            self._hit = True
+
+    def label(self, phase: str) -> None:
+        """Names `phase` as where every compile logged since the last label happened."""
+        for entry in self.log:
+            if entry["phase"] is None:
+                entry["phase"] = phase
 
 
 def start_backend(phases: Phases) -> CompileCounter:
@@ -116,6 +145,7 @@ def start_backend(phases: Phases) -> CompileCounter:
     use_compile_cache()
     jax.devices()
     compiles = CompileCounter()
+    phases.listeners.append(compiles.label)
     phases.end("backend")
     return compiles
 

@@ -1,8 +1,8 @@
 """Plans one cell in this process: the arm's step compiled for the target, then read.
 
 Order: imports -> the target's compile-only devices (libtpu loaded) -> the arm's plan
-(`Arm.plan`: an abstract build lowered for the target; nothing is materialized and no
-gradient capture is chained in, so the state is what the trainer itself holds) -> each
+(`Arm.plan`: an abstract build lowered for the target; nothing is materialized, and the
+program is the one `parity run` times, the trainer's own) -> each
 executable a step calls compiled (or its plan read back from the plan cache) -> its memory
 analysis and HLO counts (`harness.xla.counts`) -> the record's `plan`. An executable with no
 call per step (MaxText's accumulating kernel at GA 1) adds nothing to a step's figures and
@@ -208,19 +208,20 @@ def summarize(arm_plan, compiled: dict[str, CompiledPlan], *, target: dict,
 
 def plan_cell(run, phases) -> Record:
     """The plan record of cell `run` (a `harness.contract.CellRun` with `plan_target`)."""
-    from arms.registry import make_arm, preload
+    from arms.registry import lookup
     from arms.spec import CellSpec
     from harness.measure.flops import model_flops_per_step
     from harness.measure.roofline import roofline
     from harness.xla import target
 
     spec = CellSpec.from_dict(run.spec)
-    preload(run.arm)
+    choice = lookup(run.arm)
+    choice.preload()
     phases.end("imports")
     devices = target.topology_devices(run.plan_target, run.plan_slices)
     described = target.describe(run.plan_target, run.plan_slices)
     phases.end("backend")
-    arm = make_arm(run.arm, spec, devices=devices, capture=run.plan_capture)
+    arm = choice.make(spec, devices=devices)
     mesh = {name: int(size) for name, size in arm.mesh.shape.items()}  # the cell's axes
     arm_plan = arm.plan()
     phases.end("build")

@@ -1,11 +1,14 @@
-"""A cell's gradient parity: the first step's captured gradient against the exact sum/sum
-reference, computed once per spec in a run and shared through REFERENCE_DIR.
+"""A cell's gradient parity: the gradient the first step's optimizer saw against the exact
+sum/sum reference, computed once per (model, weights, data, dtype) and kept in the reference
+store (harness.cell.reference_store) for every arm of the shape and every later run.
 
 The check runs after every measurement of the cell, once the arm's device buffers are
 released, one micro-batch at a time (arms.workload.exact_by_micro_batch), so it needs the
 device memory of one micro-batch's forward and backward pass beside nothing of the arm's.
 Whatever it does (runs out of memory, raises), the cell keeps what it measured and records
-why the check gave no verdict (`checked_parity`).
+why the check gave no verdict (`checked_parity`). Its cost is recorded: the seconds this
+cell spent getting the reference (`Parity.reference_s`: computing it, or reading it back)
+and what computing it took (`Parity.reference_computed_s`).
 
 The precision rule. The exact reference is float32 at `Precision.HIGHEST`: true float32
 matmuls on every backend. A cell whose own arithmetic is exact float32 (float32 work on the
@@ -23,10 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from pathlib import Path
+import time
 
-from harness.contract import OOM_MARKERS, REFERENCE_DIR, reference_file
-from harness.store.results import write_whole
+from harness.cell.reference_store import Entry, ReferenceStore, reference_key
+from harness.contract import OOM_MARKERS, REFERENCE_DIR
 from reports.record import Parity
 
 DEFAULT, HIGHEST = "default", "highest"
@@ -39,74 +42,98 @@ def exact_arithmetic(dtype: str, backend: str) -> bool:
     return dtype == "float32" and backend == "cpu"
 
 
-def checked_parity(spec, captured, first_loss: float, trainer_denominator: float | None
+def checked_parity(spec, gradient, first_loss: float, trainer_denominator: float | None
                    ) -> tuple[Parity | None, str | None]:
     """(parity, None), or (None, why it gave no verdict: 'oom: ...' where the check ran out
     of memory, 'exception: ...' for any other error). Never raises for the check itself."""
     try:
-        return parity_section(spec, captured, first_loss, trainer_denominator), None
+        return parity_section(spec, gradient, first_loss, trainer_denominator), None
     except Exception as err:  # kept as the record's reason; the measurements stand
         message = f"{type(err).__name__}: {err}"
         reason = "oom" if any(m in message for m in OOM_MARKERS) else "exception"
         return None, f"{reason}: {message[:600]}"
 
 
-def parity_section(spec, captured, first_loss: float, trainer_denominator: float | None
+def parity_section(spec, gradient, first_loss: float, trainer_denominator: float | None
                    ) -> Parity:
-    """The first step's captured gradient vs the exact sum/sum reference, by the precision
-    rule (module docstring). `trainer_denominator`: what the arm's trainer divided by
+    """The first step's gradient (as the arm's optimizer saw it, on the host in our
+    decoder's layout) vs the exact sum/sum reference, by the precision rule (module
+    docstring). `trainer_denominator`: what the arm's trainer divided by
     (Arm.trainer_denominator; every step of a cell runs the same micro-batches, so any
     step's is the first's)."""
-    import jax
-
     from arms.workload import data_digest, denominators, rel_l2
     from arms.workload.reference import norms, relative
 
+    started = time.perf_counter()
     batches = spec.micro_batches(0)
     dens = denominators(batches, spec.loss_fn())
-    exact_loss, exact, shared = _exact_reference(spec, batches, DEFAULT)
-    floor = None
-    if not exact_arithmetic(spec.dtype, jax.default_backend()):
-        _, exact32, _ = _exact_reference(dataclasses.replace(spec, dtype="float32"), batches,
-                                         HIGHEST)
-        floor = rel_l2(exact, exact32)
-    grad_l2, exact_l2, diff_l2 = norms(captured, exact)
+    entry, stored = exact_reference(spec, batches)
+    reference_s = time.perf_counter() - started
+    grad_l2, exact_l2, diff_l2 = norms(gradient, entry.gradient)
+    mean_of_means = predicted = None
+    if entry.mean_of_means is not None:
+        mean_of_means = rel_l2(gradient, entry.mean_of_means)
+        predicted = rel_l2(entry.mean_of_means, entry.gradient)
     return Parity(
         data_digest=data_digest(batches), denominators=dens, denominator=sum(dens),
-        trainer_denominator=trainer_denominator, loss=first_loss, exact_loss=exact_loss,
-        loss_rel_error=abs(first_loss - exact_loss) / abs(exact_loss) if exact_loss else None,
+        trainer_denominator=trainer_denominator, loss=first_loss, exact_loss=entry.loss,
+        loss_rel_error=(abs(first_loss - entry.loss) / abs(entry.loss) if entry.loss
+                        else None),
         grad_l2=grad_l2, exact_grad_l2=exact_l2,
         rel_l2=relative(diff_l2, exact_l2),
         tied_head=spec.model_config().tie_embeddings,
-        reference_shared=shared, floor_rel_l2=floor)
+        reference_shared=stored, floor_rel_l2=entry.floor_rel_l2,
+        reference_s=reference_s, reference_computed_s=entry.computed_s,
+        mean_of_means_rel_l2=mean_of_means, predicted_rel_l2=predicted)
 
 
-def _exact_reference(spec, batches, precision: str) -> tuple[float, dict, bool]:
-    """(exact loss, exact gradient as a pure dict, whether it was read from the run's
-    reference store), computed at matmul `precision`. The reference depends only on the
-    spec (weights, data, loss) and the precision, which every arm of a shape shares, so the
-    first cell of a shape computes it and writes it to
-    $PARITY_REFERENCE_DIR/<cell hash>-<precision>.msgpack (whole, by rename); the others
-    read it."""
-    from flax import serialization
-
-    directory = os.environ.get(REFERENCE_DIR)
-    path = (Path(reference_file(directory, spec.to_dict(), precision)) if directory
-            else None)
-    if path is not None and path.exists():
-        stored = serialization.msgpack_restore(path.read_bytes())
-        return float(stored["loss"]), stored["gradient"], True
-    exact_loss, exact = _compute_reference(spec, batches, precision)
-    if path is not None:
-        write_whole(path, serialization.msgpack_serialize(
-            {"loss": exact_loss, "gradient": exact}))
-    return exact_loss, exact, False
-
-
-def _compute_reference(spec, batches, precision: str) -> tuple[float, dict]:
+def stack() -> dict:
+    """What a reference's arithmetic depends on besides the work: the backend, its device
+    kind and the package versions (harness.system.environment.versions)."""
     import jax
 
-    from arms.workload import exact_by_micro_batch
+    from harness.system.environment import versions
+
+    return {"backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+            "versions": versions()}
+
+
+def exact_reference(spec, batches) -> tuple[Entry, bool]:
+    """(the exact reference of `spec` in its own arithmetic with its floor, whether it was
+    read from the store at $PARITY_REFERENCE_DIR). Computed where not stored: at the default
+    matmul precision in the cell's dtype, and, where that arithmetic rounds, again in exact
+    float32 for the floor (kept as a number: the float32 gradient itself is not stored)."""
+    import jax
+
+    from arms.workload import data_digest, rel_l2
+
+    directory = os.environ.get(REFERENCE_DIR)
+    store = ReferenceStore(directory) if directory else None
+    key = reference_key({**spec.to_dict(), "data": data_digest(batches)}, DEFAULT, stack())
+    entry = store.read(key) if store is not None else None
+    if entry is not None:
+        return entry, True
+    start = time.perf_counter()
+    found = _compute_reference(spec, batches, DEFAULT)
+    floor = None
+    if not exact_arithmetic(spec.dtype, jax.default_backend()):
+        exact32 = _compute_reference(dataclasses.replace(spec, dtype="float32"), batches,
+                                     HIGHEST).exact
+        floor = rel_l2(found.exact, exact32)
+        del exact32
+    entry = Entry(loss=found.loss, gradient=found.exact, mean_of_means=found.mean_of_means,
+                  floor_rel_l2=floor, computed_s=time.perf_counter() - start)
+    if store is not None:
+        store.write(key, entry)
+    return entry, False
+
+
+def _compute_reference(spec, batches, precision: str):
+    """The references of `spec` on `batches` at matmul `precision`
+    (arms.workload.reference.References)."""
+    import jax
+
+    from arms.workload.reference import references_by_micro_batch
     from engine.model import build_decoder, make_mesh
 
     # On one local device; where the arm ran on that same one-device mesh, its compiled
@@ -114,4 +141,4 @@ def _compute_reference(spec, batches, precision: str) -> tuple[float, dict]:
     one_device = make_mesh("", devices=jax.local_devices()[:1])
     with jax.default_matmul_precision(precision):
         reference = build_decoder(spec.model_config(), seed=spec.seed, mesh=one_device)
-        return exact_by_micro_batch(reference, batches, spec.loss_fn())
+        return references_by_micro_batch(reference, batches, spec.loss_fn())

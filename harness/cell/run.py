@@ -1,29 +1,31 @@
 """Runs one cell in this process and returns its record.
 
-Order inside the cell: on an accelerator, the fit check (the step planned for the device
-from shapes alone; a cell that cannot fit is refused here, harness.cell.fit) -> build +
-compile (timed apart) -> the first warmup step, whose captured gradient is kept for the
-parity check -> the other warmup steps -> the executables' planned memory, and on the CPU
-backend the host heap they will reuse faulted in (harness.measure.memory.reserve_heap) ->
-the untraced timed window (after a full garbage collection: per-step wall, dispatch and
-wait; GC pauses; RSS high-water) -> compiled cost of the executables -> an optional traced
-window (never the timed one) -> the devices' peak memory -> the arm closed and its device
-buffers released -> the exact reference gradient, computed last so its memory cannot pollute
-the measured peaks, and guarded so that nothing it does loses what was measured
-(harness.cell.reference). Each phase is a small function (harness.cell.sections,
-harness.cell.reference) returning its section of the `reports.record.Record` the cell
-writes. A cell with a plan target is planned instead (harness.cell.plan).
+The cell's arm is resolved and made once, then planned and built. Order inside the cell: on
+an accelerator, the fit check (the step planned for the device from shapes alone, compiled
+once: the build loads it; a cell that cannot fit is refused here, harness.cell.fit) -> build
++ compile (timed apart) -> the first warmup step, after which the gradient its optimizer saw
+is read back from the optimizer's state to the host for the parity check (nothing is added
+to the trainer's program: arms.base.Arm.seen_gradient) -> the other warmup steps
+-> the executables' planned memory, and on the CPU backend the host heap they will reuse
+faulted in (harness.measure.memory.reserve_heap) -> the untraced timed window (after a full
+garbage collection: per-step wall, dispatch and wait; GC pauses; RSS high-water) ->
+compiled cost of the executables -> an optional traced window (never the timed one) -> the
+devices' peak memory -> the arm closed and its device buffers released -> the exact
+reference gradient, computed last so its memory cannot pollute the measured peaks, and
+guarded so that nothing it does loses what was measured (harness.cell.reference). Each
+phase is a small function (harness.cell.sections, harness.cell.reference) returning its
+section of the `reports.record.Record` the cell writes. A cell with a plan target is
+planned instead (harness.cell.plan).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import traceback
 from collections.abc import Callable
 
 from harness.cell import sections
-from harness.cell.fit import fit_cell
+from harness.cell.fit import check_fit
 from harness.cell.phases import Phases, start_backend
 from harness.cell.reference import checked_parity
 from harness.contract import CHECK_PENDING, OOM_MARKERS, PEER_MARKERS, CellRun
@@ -43,26 +45,39 @@ def run_cell(run: CellRun, phases: Phases | None = None,
         from harness.cell.plan import plan_cell
 
         return plan_cell(run, phases)
-    from arms.registry import preload
+    from arms.registry import lookup
     from arms.spec import CellSpec
 
     if run.warmup < 1:
         raise ValueError("warmup must be >= 1 (the first warmup step is the parity step)")
     spec = CellSpec.from_dict(run.spec)
-    preload(run.arm)
+    choice = lookup(run.arm)  # resolved once: the fit check and the build share one arm
+    choice.preload()
     phases.end("imports")
     compiles = start_backend(phases)
-    fit, capture, unchecked = fit_cell(run, spec, compiles)
+    arm = choice.make(spec)
+    fit = check_fit(run, choice, arm, spec, compiles)
     if fit is not None:
         phases.end("fit")
         if not fit.fits:
             return fit.failure()
-    run = run if capture else dataclasses.replace(run, parity=False)
+    record, first_step = _measure(run, spec, arm, fit, compiles, phases)
+    if run.parity:
+        _check_parity(record, spec, first_step, keep)
+        phases.end("reference")
+    return record
+
+
+def _measure(run: CellRun, spec, arm, fit, compiles, phases: Phases) -> tuple[Record, tuple]:
+    """Builds, warms, times (and traces) `arm`; returns its record and the first step's
+    (gradient, loss, trainer's denominator) for the gradient check, the arm closed."""
     compiled_before = compiles.seconds  # every compile of the build is the compile phase
-    arm, build_s = sections.build_arm(run.arm, spec, capture)
+    arm, build_s = sections.build_arm(arm)
     phases.end("build", less={"compile": compiles.seconds - compiled_before})
+    readings = {"build": sections.device_reading()}
     batches = arm.place(spec.micro_batches(0))
-    first_loss, captured = sections.warm_up(arm, batches, run)
+    first_loss, gradient = sections.warm_up(arm, batches, run)
+    readings["warmup"] = sections.device_reading()
     phases.end("warmup")
     executables = arm.executables()
     planned = sections.planned_memory(executables, arm.held_bytes())
@@ -78,23 +93,21 @@ def run_cell(run: CellRun, phases: Phases | None = None,
         traced = sections.traced_window(arm, batches, run)
         phases.end("trace")
     # The device peak is read before the check, whose memory is not the arm's.
-    record = Record(about=arm.about(), timing=timing,
-                    memory=sections.memory_section(planned, arm.calls_per_step(), rss_growth,
-                                                   reserved), cost=cost,
-                    trace=traced, plan=fit and fit.plan, parity_not_checked=unchecked)
-    denominator = arm.trainer_denominator()
+    memory = sections.memory_section(planned, arm.calls_per_step(), rss_growth, reserved)
+    memory.device_stats_after = readings
+    timing.compile_log = compiles.log  # the same list: the check's compiles join it
+    record = Record(about=arm.about(), timing=timing, memory=memory, cost=cost,
+                    trace=traced, plan=fit and fit.plan)
+    first_step = (gradient, first_loss, arm.trainer_denominator())
     arm.close()
-    del arm, batches, executables
-    if run.parity:
-        _check_parity(record, spec, (captured, first_loss, denominator), keep)
-        phases.end("reference")
-    return record
+    return record, first_step
 
 
 def _check_parity(record: Record, spec, first_step: tuple, keep) -> None:
     """The gradient check of a measured cell, once the arm's device buffers are released:
     `keep` (when given) is handed the record first, as it stands while the check runs;
-    `first_step` is (captured gradient, loss, trainer's denominator) of the first step."""
+    `first_step` is (gradient its optimizer saw, loss, trainer's denominator) of the first
+    step."""
     sections.release_device_memory()
     record.parity_not_checked = CHECK_PENDING
     if keep is not None:

@@ -30,29 +30,27 @@ def block(out) -> None:
     jax.block_until_ready(out)
 
 
-def build_arm(name: str, spec, capture: bool = True):
-    """(built arm, build seconds): model, trainer and every executable a step runs; with
-    `capture` off, without the gradient capture in front of its optimizer (where the cell's
-    program fits only without it: harness.cell.fit)."""
-    from arms.registry import make_arm
-
-    arm = make_arm(name, spec, **({} if capture else {"capture": False}))
+def build_arm(arm):
+    """(`arm` built, build seconds): model, trainer and every executable a step runs."""
     start = time.perf_counter()
     arm.build()
     return arm, time.perf_counter() - start
 
 
 def warm_up(arm, batches, run: CellRun):
-    """Runs the warmup steps; returns the first one's (loss, captured gradient on the host)."""
+    """Runs the warmup steps; returns the first one's (loss, and with `run.parity` the
+    gradient its optimizer saw, on the host in our decoder's layout)."""
     block(arm.step(batches))  # warmup 1: the parity step
     first_loss = arm.last_loss()
     if not math.isfinite(first_loss):
         raise FloatingPointError(f"non-finite loss {first_loss} at step 1 of arm {run.arm}; "
                                  "check the learning rate, dtype and data of this cell")
-    captured = host_gather(arm.captured_gradient()) if run.parity else None
+    # Read back from the optimizer's state (Arm.seen_gradient): the program the cell times
+    # is the trainer's whether or not its parity is checked.
+    gradient = arm.seen_gradient(host_gather) if run.parity else None
     for _ in range(run.warmup - 1):
         block(arm.step(batches))
-    return first_loss, captured
+    return first_loss, gradient
 
 
 def timed_window(arm, batches, run: CellRun, spec, compiles,
@@ -138,9 +136,17 @@ def memory_section(planned, calls: dict[str, int], rss: int | None, reserved: in
                   device_stats=measure_memory.device_stats(jax.local_devices()))
 
 
-def cost_section(executables, calls: dict[str, int], median_ms: float, spec) -> Cost:
+def device_reading() -> list[dict[str, int] | None]:
+    """Every local device's memory statistics now (None on a backend with none): read at a
+    phase's end, so a record says when a peak was reached (a device's peak after the build
+    and before any step is the build's)."""
     import jax
 
+    return measure_memory.device_stats(jax.local_devices())
+
+
+def cost_section(executables, calls: dict[str, int], median_ms: float, spec) -> Cost:
+    import jax
 
     return step_cost(
         executables, calls,

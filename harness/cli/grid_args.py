@@ -79,6 +79,12 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, help="seconds before a cell is killed")
     parser.add_argument("--cpu-devices", type=int, help="emulate N CPU devices (CPU backend)")
     parser.add_argument("--no-parity", action="store_true", help="skip the exact-gradient check")
+    parser.add_argument("--plugin", action="append", help="module registering extra arms")
+    _add_device_arguments(parser)
+
+
+def _add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the device a grid runs on: its fit check, and waiting for it."""
     parser.add_argument("--no-fit-check", action="store_true",
                         help="on an accelerator, build a cell without first planning its step "
                              "for the device (by default a cell whose planned peak exceeds "
@@ -86,7 +92,10 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fit-gib", type=float,
                         help="GiB one device may use, for the fit check (default: the "
                              "device's own limit; on CPU, given, it turns the check on)")
-    parser.add_argument("--plugin", action="append", help="module registering extra arms")
+    parser.add_argument("--wait-for-device", type=float, metavar="SECONDS",
+                        help="where another process holds the accelerator (a TPU opens to "
+                             "one process at a time), wait up to SECONDS for it instead of "
+                             "stopping at once (exit 2, nothing written)")
 
 
 def request(args: argparse.Namespace, out: Path):
@@ -107,6 +116,7 @@ def request(args: argparse.Namespace, out: Path):
         "epsilon_high": args.epsilon_high, "epsilon_c": args.epsilon_c,
         "fit_check": False if args.no_fit_check else None,
         "fit_bytes": None if args.fit_gib is None else int(args.fit_gib * 2**30),
+        "wait_s": args.wait_for_device,
     }
     return Request(explicit=explicit, suite=args.suite, plugins=tuple(args.plugin or ()),
                    out=out)

@@ -143,10 +143,6 @@ class Plan(Command):
                                  "many as host memory holds at 8 GiB each: one compile keeps "
                                  "~2 cores busy); a plan's figures do not depend on it, only "
                                  "its compile seconds")
-        parser.add_argument("--capture", action="store_true",
-                            help="plan the program `parity run` builds, with the gradient "
-                                 "capture in front of the optimizer (a parameter-sized "
-                                 "float32 buffer more), not the trainer's own")
         parser.add_argument("--no-plan-cache", action="store_true",
                             help="compile every executable (default: a program planned "
                                  "before for the same target and versions is read back from "
@@ -161,7 +157,7 @@ class Plan(Command):
         options = plan_job.check(wanted, jobs=args.jobs, save_hlo=args.save_hlo)
         target = plan_job.describe_target(options, args.out, name=args.target,
                                  slices=args.target_slices, save_hlo=args.save_hlo,
-                                 cache=not args.no_plan_cache, capture=args.capture)
+                                 cache=not args.no_plan_cache)
         path, records = plan_job.plan(wanted, options, target, run_id=args.run_id,
                                       jobs=args.jobs, watch=Progress())
         print(console.plan_table(records))

@@ -87,8 +87,7 @@ def expand(options: dict[str, Any], *, mesh_sizes: dict[str, int] | None = None)
             spec.micro_batches(logprobs=False)  # validates counts against the micro-batch capacity
         for arm in arms:
             check_model(resolve(arm)[1], spec)  # e.g. what MaxText's Qwen3 cannot express
-            cells.append(CellRun(arm=arm, spec=spec.to_dict(), **run_options,
-                                 capture=run_options.get("parity", True)))
+            cells.append(CellRun(arm=arm, spec=spec.to_dict(), **run_options))
     if not cells:
         empty = ", ".join(dict.fromkeys(f"seq {seq} GA {ga}"
                                         for _, seq, _, ga in itertools.product(*grid)))

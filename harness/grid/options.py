@@ -66,6 +66,9 @@ def check(options: dict[str, Any]) -> None:
     timeout = options.get("timeout_s")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"--timeout {timeout}: give the seconds a cell may run (> 0)")
+    wait = options.get("wait_s")
+    if wait is not None and not wait >= 0:
+        raise ValueError(f"--wait-for-device {wait}: give the seconds to wait (>= 0)")
 
 
 def check_jobs(jobs: int | None) -> None:

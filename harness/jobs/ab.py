@@ -116,11 +116,11 @@ def ab(ref_a: str, ref_b: str, request: Request, options: dict, *,
     ab_id = new_run_id("ab-")
     with tempfile.TemporaryDirectory(prefix="parity-ab-") as tmp, \
             REAPER.watch("path", path=tmp), checked_out(shas, Path(tmp)) as refs:
+        check_times_trainer(refs)
         if pairing == LOCKSTEP:
             check_lockstep(refs)
         sinks = {side: _sink(ref, grid, ab_id, Path(tmp)) for side, ref in refs.items()}
-        tasks = side_tasks(grid, sinks, lockstep=pairing == LOCKSTEP,
-                           protocols={side: ref.protocol.version for side, ref in refs.items()})
+        tasks = side_tasks(grid, sinks, lockstep=pairing == LOCKSTEP)
         executor = (LockstepPairs(timeout_s=grid.timeout_s, slices=slices)
                     if pairing == LOCKSTEP else
                     # One cell per process and side; an older ref has no zygote.
@@ -133,6 +133,20 @@ def ab(ref_a: str, ref_b: str, request: Request, options: dict, *,
     rows = compare_sets(records["A"], records["B"], paired=True, min_effect=min_effect)
     return ABResult(records=records, rows=rows, shas=shas,
                     lockstep_slices=slices if pairing == LOCKSTEP else 0)
+
+
+def check_times_trainer(refs: dict[str, Ref]) -> None:
+    """Both refs' workers must time the trainer's own program: a worker of a protocol
+    before CAPTURE_PROTOCOL chains the gradient capture into every step it times (a
+    parameter-sized copy written each step), which no later worker does, so the two sides
+    would time different work."""
+    for side, ref in refs.items():
+        if ref.protocol.version < CAPTURE_PROTOCOL:
+            raise ValueError(f"{side} ({ref.sha[:10]}) times its steps with the gradient "
+                             f"capture chained in (its worker speaks protocol "
+                             f"{ref.protocol.version}); the other side would time the "
+                             f"trainer alone: A/B commits whose worker speaks protocol "
+                             f"{CAPTURE_PROTOCOL} or later")
 
 
 def check_lockstep(refs: dict[str, Ref]) -> None:
@@ -155,16 +169,12 @@ def _sink(ref: Ref, grid: Grid, ab_id: str, tmp: Path) -> Sink:
                 ab=ABTag(side=ref.side, sha=ref.sha), worker_module=ref.protocol.worker_module)
 
 
-def side_tasks(grid: Grid, sinks: dict[str, Sink], *, lockstep: bool,
-               protocols: dict[str, int]) -> list[Task]:
+def side_tasks(grid: Grid, sinks: dict[str, Sink], *, lockstep: bool) -> list[Task]:
     """Per scheduled cell, A's and B's slots (A first in even rounds, B first in odd ones):
-    one task of both in lockstep, else a task each. A worker of protocol < 3 always builds
-    the gradient capture: both sides then do, so that they time the same work."""
+    one task of both in lockstep, else a task each."""
     tasks = []
-    old = min(protocols.values()) < CAPTURE_PROTOCOL
     for round_index, index, cell in schedule(grid.cells, grid.rounds):
         order = ("A", "B") if round_index % 2 == 0 else ("B", "A")
-        cell = dataclasses.replace(cell, capture=True) if old else cell
         slots = tuple(Slot(traced(cell, sinks[side].run_id, round_index), round_index, index,
                            sinks[side]) for side in order)
         tasks += [slots] if lockstep else [(slot,) for slot in slots]

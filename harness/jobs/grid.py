@@ -120,8 +120,9 @@ class Grid:
         self.run_id = run_id or new_run_id()
         self.path = self.out.results(self.run_id, self.options.get("name"))
         results.check_appendable(self.path)
-        self.env, self.environment = cell_environment(self.options.get("cpu_devices"),
-                                                      planning=target is not None)
+        self.env, self.environment = cell_environment(
+            self.options.get("cpu_devices"), planning=target is not None,
+            wait_s=self.options.get("wait_s") or 0.0)
         self.target = target
         available = {**self.environment,
                      "device_count": self.environment["device_count"] * processes}
@@ -130,8 +131,7 @@ class Grid:
             available = {"target": target["target"], "device_count": target["device_count"]}
             planned = {"plan_target": target["target"], "plan_slices": target["slices"],
                        "plan_libtpu": target["libtpu"], "trace": False, "parity": False,
-                       "plan_cache": target.get("plan_cache"),
-                       "plan_capture": bool(target.get("capture"))}
+                       "plan_cache": target.get("plan_cache")}
         # Absolute: cells may run elsewhere (an A/B worktree) and records outlive the cwd.
         trace_dir = str(self.out.traces.absolute()) if self.options.get("trace") else None
         self.cells = [dataclasses.replace(c, trace_dir=trace_dir, plugins=request.plugins,

@@ -55,7 +55,7 @@ def check(request: Request, *, jobs: int | None, save_hlo: bool) -> dict:
 
 def describe_target(options: dict, out: Path, *, name: str | None = None,
                     slices: int | None = None, save_hlo: bool = False,
-                    cache: bool = True, capture: bool = False) -> dict:
+                    cache: bool = True) -> dict:
     """The target the cells are planned for (harness.xla.target.probe: libtpu loaded in a
     process of its own), as the grid needs it: the topology named, else the suite's, else
     TPU7X; the plan cache under `out`; whether each executable's HLO is saved."""
@@ -63,7 +63,6 @@ def describe_target(options: dict, out: Path, *, name: str | None = None,
     slices = slices if slices is not None else options.get("target_slices") or 1
     described = tpu.probe(name, slices)
     described["save_hlo"] = save_hlo
-    described["capture"] = capture
     if cache:
         described["plan_cache"] = str(OutDir(out).plan_cache.absolute())
     return described

@@ -21,8 +21,8 @@ from harness.system.reaper import REAPER
 from reports.record import UNAVAILABLE, Failure, Record
 
 
-def _env(slot: Slot, arms: list[str]) -> dict[str, str]:
-    return {**slot.sink.env, **slot.sink.store.cell_env(arms)}
+def _env(slot: Slot) -> dict[str, str]:
+    return {**slot.sink.env, **slot.sink.store.cell_env()}
 
 
 class CellProcesses:
@@ -69,7 +69,7 @@ class CellProcesses:
             cell = dataclasses.replace(cell, distributed=_cell_distributed(self.distributed,
                                                                            number))
         zygote = self.zygotes.get(cell) if self.zygotes is not None else None
-        record = run_cell_process(cell, _env(slot, [cell.arm]), self.timeout_s,
+        record = run_cell_process(cell, _env(slot), self.timeout_s,
                                   slot.sink.cwd, zygote, slot.sink.worker_module)
         if zygote is not None and zygote.forked == 1 and record.phases is not None:
             record.phases = {"preload": zygote.ready_s, **record.phases}
@@ -160,7 +160,7 @@ class PairedProcesses:
             oom = spawn.OomWatch()
             args = worker_args(json.dumps([json.loads(cell_json(c)) for c in cells]),
                                str(out), slices=self.slices)
-            with spawn.started_worker(args, _env(task[0], self.pairing(task)), err_path,
+            with spawn.started_worker(args, _env(task[0]), err_path,
                                       task[0].sink.cwd) as proc:
                 code, max_rss = spawn.wait(proc, timeout_s)
             ended = spawn.Exit.of(code, max_rss, out, err_path, oom)

@@ -113,7 +113,7 @@ class LockstepPairs:
         ours, theirs = socket.socketpair()
         stack.callback(ours.close)
         out, err = base.with_suffix(".json"), base.with_suffix(".txt")
-        env = {**slot.sink.env, **slot.sink.store.cell_env([slot.cell.arm])}
+        env = {**slot.sink.env, **slot.sink.store.cell_env()}
         with theirs:
             args = worker_args(f"[{cell_json(slot.cell)}]", str(out), slices=self.slices,
                                gate_fd=theirs.fileno())

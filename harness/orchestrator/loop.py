@@ -120,7 +120,6 @@ def stamp(record: Record, slot: Slot, pairing: list[str] | None = None) -> None:
                             trace_steps=cell.trace_steps, parity=cell.parity,
                             trace_hlo=cell.trace_hlo, plan_target=cell.plan_target,
                             plan_slices=cell.plan_slices, plan_libtpu=cell.plan_libtpu,
-                            plan_capture=cell.plan_capture,
                             pairing=pairing)
     record.timestamp = datetime.datetime.now(datetime.UTC).isoformat()
     record.ab = sink.ab

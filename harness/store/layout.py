@@ -12,8 +12,8 @@ An out directory (`parity run/plan/ab --out`, `parity nightly --history`) holds:
 
 where `<cell>` is `<arm>-<preset>-s<seq>-b<batch>-ga<ga>[-r<round>]` (`cell_path`). A run's
 shared store (`RunStore`, a temp dir for the run's duration) holds a compilation cache per
-arm (kept elsewhere with $PARITY_COMPILE_CACHE: `compile_root`), the exact reference of
-each spec, and the zygotes' logs.
+run (kept elsewhere with $PARITY_COMPILE_CACHE: `compile_root`), the exact references, and
+the zygotes' logs.
 """
 
 from __future__ import annotations
@@ -33,14 +33,32 @@ _issued: set[str] = set()
 
 
 def compile_root(store_root: Path) -> Path:
-    """Where the cells of a run keep their compilation caches (one per arm under it):
-    $PARITY_COMPILE_CACHE where the run's own environment sets it, kept after the run (so a
-    later run, or a resumed one, loads the programs an earlier run compiled: on an
-    accelerator the first compile of a 0.6 B model's step and initializer takes tens of
-    seconds a cell), else the run's temp store, gone with it. A loaded program is the
-    executable a cold compile builds; the records count the cache hits."""
+    """Where the cells of a run keep what outlives a cell: under $PARITY_COMPILE_CACHE where
+    the run's own environment sets it, kept after the run (so a later run, or a resumed
+    one, loads the programs an earlier run compiled: on an accelerator the first compile of
+    a 0.6 B model's step and initializer takes tens of seconds a cell), else the run's temp
+    store, gone with it. It holds `xla/`, the JAX compilation cache every arm of the run
+    shares (a loaded program is the executable a cold compile builds; the records count
+    the cache hits), and, unless $PARITY_REFERENCE_DIR says otherwise, `reference/`, the
+    exact references (harness.cell.reference_store)."""
     kept = os.environ.get(COMPILE_CACHE)
-    return Path(kept) if kept else store_root / "compile"
+    return Path(kept) if kept else store_root
+
+
+def reference_root(store_root: Path) -> Path:
+    """Where the run's cells keep the exact references, for every later run too:
+    $PARITY_REFERENCE_DIR where set, else `reference/` beside a kept compilation cache
+    ($PARITY_COMPILE_CACHE), else the user's cache directory
+    (`${XDG_CACHE_HOME:-~/.cache}/parity/reference`). A reference is computed once per piece
+    of work and the code and stack computing it (harness.cell.reference_store), the store
+    size-bounded; `store_root` is unused where the environment names neither."""
+    kept = os.environ.get(REFERENCE_DIR)
+    if kept:
+        return Path(kept)
+    if os.environ.get(COMPILE_CACHE):
+        return compile_root(store_root) / "reference"
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "parity" / "reference"
 
 
 def new_run_id(prefix: str = "") -> str:
@@ -106,13 +124,13 @@ class OutDir:
 
 class RunStore:
     """What the cells of one run share while it runs (a directory):
-    - a persistent compilation cache per arm (or per set of arms paired in one process),
-      shared by every cell of it (its rounds, and its other shapes), so a program compiled
-      earlier in the run loads instead of compiling again. A cache is per arm, so no arm
-      loads what another compiled; records count the hits (Timing.compile_cache_hits);
-    - the exact reference gradients, one per spec (every arm of a shape is given the same
-      work), computed by the first cell of the shape that checks parity and read by the
-      others (Parity.reference_shared);
+    - a persistent compilation cache (`compile_root`), shared by every cell of the run (its
+      rounds, its shapes and its arms), so a program compiled earlier in the run, or by the
+      fit check of the same cell, loads instead of compiling again; records count the hits
+      (Timing.compile_cache_hits) and name each program compiled (Timing.compile_log);
+    - the exact reference gradients (`reference_root`), one per piece of work (every arm
+      of a shape is given the same work), computed by the first cell that checks parity and
+      read by the others (Parity.reference_shared), size-bounded;
     - the logs of the zygotes that fork the run's workers."""
 
     def __init__(self, root: str | Path):
@@ -131,11 +149,10 @@ class RunStore:
                 REAPER.watch("path", path=tmp):
             yield cls(tmp)
 
-    def cell_env(self, arms: list[str]) -> dict[str, str]:
-        """The variables that point a worker of `arms` (one, or those paired in one process)
-        at what it shares with the run's other cells."""
-        return {COMPILE_CACHE: str(compile_root(self.root) / path_safe("+".join(arms))),
-                REFERENCE_DIR: str(self.root / "reference")}
+    def cell_env(self) -> dict[str, str]:
+        """The variables that point a worker at what it shares with the run's other cells."""
+        return {COMPILE_CACHE: str(compile_root(self.root) / "xla"),
+                REFERENCE_DIR: str(reference_root(self.root))}
 
     def zygote_log(self, arm: str, number: int) -> Path:
         return self.root / f"zygote-{path_safe(arm)}-{number}.log"

@@ -70,8 +70,8 @@ class RunOptions:
     plan_slices: int = 1
     """Slices of `plan_target`."""
     plan_capture: bool = False
-    """The plan is of the program `parity run` builds (the gradient capture in front of the
-    optimizer), not the trainer's own (`parity plan --capture`)."""
+    """A plan of the program with the gradient capture in front of the optimizer (records
+    of `parity plan --capture`, which parity runs of schema < 10 timed where checked)."""
     plan_libtpu: str | None = None
     """The libtpu (the TPU compiler) version that planned it: plans of other versions are
     not compared."""
@@ -125,16 +125,15 @@ class Timing:
     """Backend compiles in the cell's process up to the end of the timed window."""
     compile_cache_hits: int | None = None
     """Of `compiles`, those loaded from the persistent compilation cache the cells of the
-    cell's arm share (harness.store.layout.RunStore: later rounds load every program, another
-    shape what does not depend on the shape): 0 means every compile, and so compile_s and
-    build_s, was cold; None in records written before the cache existed (cold)."""
+    run share (harness.store.layout.RunStore: later rounds load every program, another
+    shape or arm what they have in common, such as our decoder's initializer): 0 means
+    every compile, and so compile_s and build_s, was cold; None in records written before
+    the cache existed (cold)."""
     probe_ms: list[float] | None = None
     """A fixed piece of host work (harness.measure.timing.probe_ms) timed 3 times before and 3
-    after the window: the machine's speed while the cell ran, which no arm's code changes.
-    None in records written before the probe existed."""
+    after the window: the machine's speed while the cell ran, which no arm's code changes."""
     steal: float | None = None
-    """Share of the machine's CPU time the hypervisor gave other guests during the window
-    (/proc/stat); None where unreadable."""
+    """Share of the CPU time the hypervisor gave other guests during the window (/proc/stat)."""
     other_load: float | None = None
     """Share of the machine's CPU time other processes kept busy during the window (the
     machine's busy time in /proc/stat less the cell process's own); None where unreadable."""
@@ -143,6 +142,10 @@ class Timing:
     their concatenation; slice i of every arm of the process ran next to each other);
     lockstep A/B: slice i of A's and of B's process ran next to each other. None: one
     uninterrupted window."""
+    compile_log: list[dict] | None = None
+    """Every backend compile of the cell's process, in order: {"program" (JAX's name),
+    "seconds", "cached" (loaded from the persistent compilation cache), "phase" (the cell
+    phase it happened in: `fit`, `build`, `reference`, ...)}."""
 
     def sliced(self) -> list[list[float]] | None:
         """`step_ms` cut into its slices; None for one uninterrupted window."""
@@ -204,8 +207,7 @@ class Memory:
     peak_unavailable: str | None = None
     """Why a device's peak is None (no memory_stats on the backend, or no peak key)."""
     planned_unavailable: str | None = None
-    """Why planned_bytes is None (no memory analysis on the backend, or an older record
-    that did not count the state held beside an executable)."""
+    """Why planned_bytes is None (no memory analysis, or an older record's undercount)."""
     heap_reserved_bytes: int | None = None
     """Host heap faulted in and freed again before the timed window, where glibc keeps freed
     memory (CPU cells; harness.measure.memory.reserve_heap). In the resident set, not in
@@ -215,6 +217,9 @@ class Memory:
     names the figures (a TPU's include `peak_bytes_reserved`: the programs' temporaries,
     reserved outside `peak_bytes_in_use`); None per device where the backend has none, and
     None in records written before it existed."""
+    device_stats_after: dict[str, list[dict[str, int] | None]] | None = None
+    """The same readings at the end of "build" (no step run yet) and "warmup": a peak
+    reached by the build's end is the build's (no API resets a peak)."""
 
 
 @_section
@@ -247,7 +252,7 @@ class Cost:
     loop_trip_counts: dict[str, list[int]]
     """Known trip counts of each executable's while loops (empty: no loops)."""
     unavailable: dict[str, str] = dataclasses.field(default_factory=dict)
-    """Executable -> why its compiled cost is unavailable (e.g. a loop of unknown length)."""
+    """Executable -> why its compiled cost is unavailable."""
     categories_per_step: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     """The compiled step by operation category (harness.xla.categories): per category,
     instruction runs, FLOPs, bytes and collective bytes, every executable x its calls per
@@ -273,12 +278,10 @@ class Parity:
     rel_l2: float | None
     """||g - g_exact|| / ||g_exact||; None when not finite (a NaN or inf gradient)."""
     tied_head: bool | None = None
-    """The cell's model ties its output head to the embedding (a tied preset); None in
-    records written without the field (a MaxText arm's FAIL then names the tied head as a
-    possible cause)."""
+    """The cell's model ties its output head to the embedding; None in records without the
+    field (a MaxText arm's FAIL then names the tied head as a possible cause)."""
     reference_shared: bool = False
-    """The exact reference was read from the run's store, where an earlier cell of the same
-    spec (same weights, data and loss) had computed it (harness.cell.reference)."""
+    """The exact reference was read back from the reference store (harness.cell.reference)."""
     trainer_denominator: float | None = None
     """What the arm's trainer divided its accumulated gradient by, as the trainer reports or
     configures it (our engine's and MaxText's engine's summed denominators; PeftTrainer's
@@ -289,6 +292,14 @@ class Parity:
     distance the dtype's arithmetic alone puts between the exact reference and the same
     reference computed in float32 (same weights and data). None for float32 cells. The
     parity tolerance of such a cell is sized by it (reports.parity.tolerance)."""
+    reference_s: float | None = None
+    """Seconds this cell spent getting its reference (computing or reading it back)."""
+    reference_computed_s: float | None = None
+    """Seconds computing the reference took (here, or in the cell that stored it)."""
+    mean_of_means_rel_l2: float | None = None
+    """Ragged work: ||g - g_mom|| / ||g_mom||, g_mom the mean of micro-batch means."""
+    predicted_rel_l2: float | None = None
+    """Ragged work: ||g_mom - g_exact|| / ||g_exact||, what a mean of means is off by."""
 
 
 @_section

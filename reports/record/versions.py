@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from reports.record.errors import RecordError
 
-SCHEMA = 9
+SCHEMA = 10
 """Version of the layout `to_json` writes. 1: the environment was `fingerprint`, the
 compiled cost `flops`, the step statistics `timing.summary`, the data digest
 `parity.data_fingerprint`, the executions `timing.executions_per_step_dispatched`.
@@ -25,7 +25,12 @@ no trainer's denominator (`parity.trainer_denominator`). 6: a record's planned b
 largest executable's total, whichever the step called, without the train state held outside
 its arguments (`memory.executables[*].held`). 7: a gradient check that gave no verdict left
 no reason (`parity_not_checked`), and a run record held no plan of its device. 8: a record
-held no device's whole memory statistics (`memory.device_stats`)."""
+held no device's whole memory statistics (`memory.device_stats`). 9: a record had no compile
+log (`timing.compile_log`), no memory readings after the build and the warmup
+(`memory.device_stats_after`), and no cost of its reference (`parity.reference_s`,
+`parity.reference_computed_s`); its gradient check read a capture chained into the timed
+step (`run.parity`: the step timed was the trainer's with the capture in front of its
+optimizer)."""
 
 
 def upgrade(data: dict, where: str = "record") -> dict:
@@ -33,7 +38,7 @@ def upgrade(data: dict, where: str = "record") -> dict:
     schema = data.get("schema")
     if schema == SCHEMA:
         return data
-    if schema in (7, 8):  # 8 and 9 added a field each
+    if schema in (7, 8, 9):  # 8, 9 and 10 added fields
         return dict(data, schema=SCHEMA)
     if schema in (3, 4, 5, 6):  # 4-6 added fields (plans, roofline, loss options)
         return _upgrade_6(dict(data, schema=SCHEMA))

@@ -22,7 +22,7 @@ def _run(name, spec):
     arm.build()
     batches = spec.micro_batches()
     arm.step(arm.place(batches))
-    result = (arm.last_loss(), arm.captured_gradient(), arm.executions_per_step(),
+    result = (arm.last_loss(), arm.seen_gradient(), arm.executions_per_step(),
               arm.trainer_denominator())
     arm.close()
     return result, data_digest(batches)
@@ -66,8 +66,8 @@ def _bytes_on_one_device(tree) -> int:
 
 
 def test_the_split_engine_holds_its_optimizer_state_beside_its_fwd_bwd(devices):
-    """While fwd/bwd runs, the optimizer state (Adam's two moments and the captured
-    gradient: over 2x the params) waits in memory outside its arguments; the update takes
+    """While fwd/bwd runs, the optimizer state (Adam's two moments: over 2x the params, with
+    its step count) waits in memory outside its arguments; the update takes
     the whole state but the model's non-Param state (none in our decoder). Counted again
     here from the arrays' own shards on one device."""
     spec = CellSpec(preset="tiny", seq=32, batch=16, ga=2, mesh="fsdp=8")
@@ -114,7 +114,7 @@ def test_engine_on_tunix_qwen3_shards_its_params_and_matches_exact(devices):
     assert sum(not x.sharding.is_fully_replicated for x in leaves) >= 10
     arm.step(arm.place(spec.micro_batches()))
     _, ref_grad = _reference(spec)
-    assert rel_l2(arm.captured_gradient(), ref_grad) <= GRAD_TOLERANCE  # measured 9.8e-7
+    assert rel_l2(arm.seen_gradient(), ref_grad) <= GRAD_TOLERANCE  # measured 9.8e-7
 
 
 def test_peft_steps_run_the_executable_it_analyses_on_the_batch_sharding_of_every_arm(devices):

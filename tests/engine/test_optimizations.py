@@ -435,8 +435,8 @@ def test_item15_fwd_bwd_never_reads_the_accumulator_back(engine_factory):
 
 @pytest.mark.parametrize("ga", [1, 2])
 def test_item14_the_fused_step_compiles_to_the_native_program_but_for_scalars(devices, ga):
-    """`engine-fused` against `native` (one jit written independently of the engine), both
-    without the gradient capture, on CPU: the optimized programs hold the same instructions
+    """`engine-fused` against `native` (one jit written independently of the engine), each
+    the trainer's own program, on CPU: the optimized programs hold the same instructions
     (opcode, result shape and non-scalar operand shapes, counted over every computation) up
     to named differences, all of
     scalars or of the per-micro-batch metric vectors (GA elements): the step counter and
@@ -451,8 +451,7 @@ def test_item14_the_fused_step_compiles_to_the_native_program_but_for_scalars(de
 
     counts = {}
     for arm in ("engine-fused", "native"):
-        built = make_arm(arm, CellSpec(preset="tiny", seq=16, batch=8, ga=ga, mesh="fsdp=2"),
-                         capture=False)
+        built = make_arm(arm, CellSpec(preset="tiny", seq=16, batch=8, ga=ga, mesh="fsdp=2"))
         built.build()
         (compiled,) = built.executables().values()
         module = hlo.parse(compiled.as_text())

@@ -46,15 +46,39 @@ def test_planned_vs_measured_reads_the_chips_memory_stats_and_the_cells_own_plan
 
 
 def test_cells_run_on_the_chip_lead_with_their_own_plans_exact_costs(tmp_path):
-    """The XLA cost model is not reachable through the TPU's PJRT C API (the records say
-    why); the exact comparisons then come from each cell's own plan on the chip, whose HLO
-    reader figures are those of the executables the cell ran."""
+    """The XLA cost model is not reachable through the TPU's PJRT C API for most programs
+    (the records say why): the exact comparisons then come from each cell's own plan on the
+    chip, one count for every arm, said in the header; the plan's columns that would repeat
+    them are not printed again."""
     shutil.copy(CHIP / "chip-s1024-ga1.jsonl", tmp_path / "chip.jsonl")
     text = render(tmp_path, tmp_path / "parity.md")
-    assert "| FLOPs/step on v5e:1x1 |" in text.splitlines()[8]
+    header = text.splitlines()[8]
+    assert header == ("| shape | arm | HBM bytes/step (plan) | planned peak (executable + "
+                      "held state) | program calls/step | planned matmul/model FLOPs | "
+                      "collective bytes/step on v5e:1x1 |"), header
     native = next(line for line in text.splitlines() if line.startswith("|  | native |"))
-    assert native.endswith("| 12.476 GiB (1.00x) | 75.318 GiB (1.00x) | 0.000 GiB "
-                           "| 10.691 T (1.00x) |"), native
+    # 75.318 GiB of HBM a step and 10.691 TFLOP of matmuls over 8.045 T model FLOPs
+    assert native == ("|  | native | 77125.7 MiB (1.00x) | 12775.6 MiB (1.00x) | 1 (1.00x) | "
+                      "1.329 (1.00x) | 0.000 GiB |"), native
+    assert "[runtime]" not in text and "[plan]" not in text  # one source in every row
+
+
+def test_a_shape_whose_cells_mix_sources_tags_each_figure(tmp_path):
+    """A cell without a plan of its own (its fit check turned off) beside cells with one:
+    its figure is the runtime's count, and each figure of that shape says which it is."""
+    from reports.frame import to_frame
+    from reports.record import read_dir
+    from reports.summary import exact
+
+    shutil.copy(CHIP / "chip-s1024-ga1.jsonl", tmp_path / "chip.jsonl")
+    frame = to_frame(read_dir(tmp_path))
+    unplanned = frame["arm"] == "engine"
+    frame.loc[unplanned, "cost_source"] = "runtime"
+    frame.loc[unplanned, "bytes_accessed_per_step"] = 1.0 * 2**30
+    table = exact(frame, "native")
+    engine = next(line for line in table.splitlines() if "| engine |" in line)
+    native = next(line for line in table.splitlines() if "| native |" in line)
+    assert "1024.0 MiB (0.01x) [runtime]" in engine and "MiB (1.00x) [plan]" in native
 
 
 def test_the_dashboard_cell_page_shows_planned_vs_measured(tmp_path):

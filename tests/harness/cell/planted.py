@@ -56,8 +56,8 @@ def gather_largest_param() -> optax.GradientTransformation:
 class PlantedTransform(NativeArm):
     transform = staticmethod(replicate_gradients)
 
-    def optimizer(self, tx=None):
-        return optax.chain(self.transform(), super().optimizer(tx))
+    def optimizer(self):
+        return optax.chain(self.transform(), super().optimizer())
 
 
 class Gathered(PlantedTransform):

@@ -74,3 +74,36 @@ def test_a_check_that_raises_gives_no_verdict_and_says_why(monkeypatch):
     monkeypatch.setattr(reference, "_compute_reference", lambda *args: 1 / 0)
     parity, why = checked_parity(SPEC, {}, 1.0, None)
     assert parity is None and why == "exception: ZeroDivisionError: division by zero"
+
+
+def test_ragged_work_says_what_a_mean_of_micro_batch_means_is_predicted_to_be_off_by(
+        monkeypatch):
+    """Beside the exact gradient, the reference of ragged work holds the mean of
+    micro-batch mean gradients (what PeftTrainer's optax.MultiSteps computes), made here from
+    each micro-batch's own exact gradient: a gradient that is that mean reads as it, at its
+    predicted distance from sum/sum, and a PeftTrainer arm's FAIL says so."""
+    from flax import nnx
+
+    from arms.workload import exact_loss_and_gradient
+
+    monkeypatch.delenv("PARITY_REFERENCE_DIR", raising=False)
+    batches = SPEC.micro_batches(0)
+    model = build_decoder(SPEC.model_config(), seed=SPEC.seed,
+                          mesh=make_mesh("", devices=jax.local_devices()[:1]))
+    each = [nnx.to_pure_dict(exact_loss_and_gradient(model, [b], SPEC.loss_fn())[1])
+            for b in batches]
+    mean = jax.tree.map(lambda *g: sum(g) / len(g), *each)
+    exact = _exact(SPEC, batches)
+    section = parity_section(SPEC, mean, first_loss=1.0, trainer_denominator=2.0)
+    assert section.mean_of_means_rel_l2 <= 1e-6  # float32 sums in another order
+    assert section.predicted_rel_l2 == pytest.approx(rel_l2(mean, exact), rel=1e-4)
+    assert section.rel_l2 == pytest.approx(section.predicted_rel_l2, rel=1e-4)
+    assert section.predicted_rel_l2 > 1e-2
+    verdict = parity_verdict(Record(arm="peft-decoder", spec=SPEC, parity=section))
+    assert verdict.status == FAIL
+    assert verdict.cause == (f"mean of micro-batch means (optax.MultiSteps), at its predicted "
+                             f"rel_l2 {section.predicted_rel_l2:.2e} (the mean of means to "
+                             f"{section.mean_of_means_rel_l2:.1e}: PASS)")
+    even = dataclasses.replace(SPEC, ragged=None)  # equal denominators: nothing to predict
+    plain = parity_section(even, _exact(even, even.micro_batches(0)), 1.0, None)
+    assert plain.predicted_rel_l2 is None and plain.mean_of_means_rel_l2 is None

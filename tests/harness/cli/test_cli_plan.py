@@ -147,7 +147,7 @@ def native_plans(tmp_path_factory):
 @pytest.mark.parametrize("arm", ["engine", "native"])
 def test_resident_state_is_three_shards_of_every_parameter_to_the_byte(tmp_path, arm,
                                                                        request):
-    """AdamW in float32, planned without the gradient capture: params, then two moments
+    """AdamW in float32, the trainer's own program: params, then two moments
     sharded like them (plus AdamW's int32 step count), and the split engine's float32
     accumulator sharded like them too (plus its two scalar sums)."""
     record = (request.getfixturevalue("native_plans")[1] if arm == "native"
@@ -175,24 +175,6 @@ def test_resident_state_is_three_shards_of_every_parameter_to_the_byte(tmp_path,
         "data": 1, "fsdp": 4, "tensor": 2}
 
 
-@pytest.mark.slow  # a TPU compile of the step with the capture
-def test_a_plan_with_the_capture_holds_one_more_float32_copy_of_the_params(native_plans,
-                                                                          tmp_path):
-    """`--capture` plans the program `parity run` builds: the optimizer state holds the
-    captured gradient too, one float32 shard of every parameter, to the byte, and the
-    record says which program it planned (plans of the two are not compared)."""
-    _, bare, _ = native_plans
-    record = _planned("native", tmp_path, "capture", "--capture")
-    config = get_preset("tiny-untied")
-    params = nnx.state(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0))), nnx.Param)
-    captured = _shard_bytes(params, {"fsdp": 4, "tensor": 2})
-    assert record.run.plan_capture and not bare.run.plan_capture
-    assert record.plan.resident_bytes["opt_state"] == (
-        bare.plan.resident_bytes["opt_state"] + captured)
-    assert record.plan.planned_peak_bytes > bare.plan.planned_peak_bytes
-    assert record.cell_key() != bare.cell_key()
-
-
 def test_a_plans_matmul_flops_are_the_same_programs_on_the_cpu(native_plans):
     """The plan's FLOPs per device are the matmuls of the program it planned: the same cell
     compiled for 8 CPU devices (this process's, tests/conftest.py) holds the same matmul
@@ -207,7 +189,7 @@ def test_a_plans_matmul_flops_are_the_same_programs_on_the_cpu(native_plans):
     from harness.xla.compiled import compiled_cost
 
     _, cold, _ = native_plans
-    arm = make_arm("native", CellSpec.from_dict(cold.spec.__dict__), capture=False)
+    arm = make_arm("native", CellSpec.from_dict(cold.spec.__dict__))
     arm.build()
     (compiled,) = arm.executables().values()
     cpu_matmul = counts.costs(compiled.as_text()).flops

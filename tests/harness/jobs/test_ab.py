@@ -32,23 +32,29 @@ def test_rounds_that_suit_no_pairing_are_refused_before_the_device_is_probed():
         precheck({"rounds": 3, "steps": 10}, PROCESSES, 5)
 
 
-def test_both_sides_build_the_capture_where_one_worker_always_does():
-    """A --no-parity A/B runs the trainers' own programs (no gradient capture), except
-    against a worker of protocol < 3, which always builds the capture: then both sides do,
-    so that the two time the same work."""
+def test_every_side_times_the_trainer_s_own_program():
+    """Every cell sends `capture` False (a worker of protocol 3 would build the gradient
+    capture into its step where it is True, or missing); a ref whose worker always builds it
+    (protocol < 3) is refused: the two sides would time different work."""
+    import json
     from types import SimpleNamespace
 
+    from harness.contract import cell_json
     from harness.grid.expand import expand
-    from harness.jobs.ab import side_tasks
+    from harness.jobs.ab import check_times_trainer, side_tasks
     from tests.harness.orchestrator.test_loop import TINY
 
-    grid = SimpleNamespace(cells=expand({**TINY, "arms": ["native"], "parity": False}),
-                           rounds=2)
+    grid = SimpleNamespace(cells=expand({**TINY, "arms": ["native"]}), rounds=2)
     sinks = {side: SimpleNamespace(run_id=side) for side in "AB"}
+    tasks = side_tasks(grid, sinks, lockstep=False)
+    assert len(tasks) == 4
+    assert {json.loads(cell_json(slot.cell))["capture"] for task in tasks for slot in task} == {
+        False}
 
-    def captures(protocols):
-        tasks = side_tasks(grid, sinks, lockstep=False, protocols=protocols)
-        return {slot.cell.capture for task in tasks for slot in task}
+    def ref(version):
+        return SimpleNamespace(sha="0123456789ab", protocol=SimpleNamespace(version=version))
 
-    assert captures({"A": 3, "B": 3}) == {False}
-    assert captures({"A": 2, "B": 3}) == {True}
+    check_times_trainer({"A": ref(3), "B": ref(4)})
+    with pytest.raises(ValueError, match=r"A \(0123456789\) times its steps with the gradient "
+                                         r"capture chained in \(its worker speaks protocol 2\)"):
+        check_times_trainer({"A": ref(2), "B": ref(4)})

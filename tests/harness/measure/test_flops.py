@@ -73,7 +73,7 @@ def test_a_compiled_steps_matmul_flops_are_the_remat_prediction(remat, scan_laye
 
     spec = CellSpec(preset="tiny-untied", seq=32, batch=16, ga=2, mesh="fsdp=8",
                     scan_layers=scan_layers, remat=remat)
-    arm = make_arm("native", spec, capture=False)
+    arm = make_arm("native", spec)
     arm.build()
     (compiled,) = arm.executables().values()
     per_device = counts.costs(compiled.as_text()).flops

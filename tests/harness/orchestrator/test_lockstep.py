@@ -143,7 +143,7 @@ def test_each_refs_worker_says_its_protocol_and_lockstep_refuses_one_without_it(
     older commit, whose worker is `harness.worker`: protocol 1 (lockstep) from the commit
     that added lockstep on, 0 before it (read from git's ancestry, not from its source)."""
     ours = protocol_of(REPO, _commit("HEAD"))
-    assert (ours.version, ours.worker_module, ours.lockstep) == (3, "harness.cell", True)
+    assert (ours.version, ours.worker_module, ours.lockstep) == (4, "harness.cell", True)
     old = tmp_path / "old"
     old.mkdir()
     before, since = _commit(f"{LOCKSTEP_COMMIT}~1"), LOCKSTEP_COMMIT

@@ -33,13 +33,13 @@ def _record(message: str = "x") -> Record:
 
 @pytest.fixture
 def small_disk(tmp_path, monkeypatch):
-    """A directory whose filesystem fills up after about one record: an 8 KiB tmpfs where
+    """A directory whose filesystem fills up after about one record: a 12 KiB tmpfs where
     this test may mount one (root), else `os.write` in the results store fails with ENOSPC
     after its first record, as a full disk does (a short write first)."""
     mount = tmp_path / "disk"
     mount.mkdir()
     mounted = os.geteuid() == 0 and subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(mount)],
+        ["mount", "-t", "tmpfs", "-o", "size=12k", "tmpfs", str(mount)],
         capture_output=True).returncode == 0
     if not mounted:
         real_write, calls = os.write, []
