@@ -91,7 +91,7 @@ class CellRun:
     steps: int = 10
     """Timed steps."""
     warmup: int = 3
-    """Untimed steps before timing (>= 1: the first one is the parity step)."""
+    """Untimed steps before timing (>= 1: a first step allocates what later ones reuse)."""
     trace: bool = False
     """Capture and parse a separate traced window after timing."""
     trace_steps: int = 3

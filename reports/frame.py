@@ -161,7 +161,7 @@ def _cost_columns(r: Record, center) -> dict:
         "bytes_accessed_per_step": accessed,
         "cost_unavailable": _unavailable(cost.unavailable) if cost else None,
         "peak_bytes": memory and memory.peak_bytes_in_use,
-        "peak_reserved": _peak_reserved(memory),
+        "peak_reserved": _peak_reserved(memory), "peak_at": peak_at(memory),
         "peak_unavailable": memory and memory.peak_unavailable,
         "planned_bytes": memory and memory.planned_bytes,
         "planned_unavailable": memory and memory.planned_unavailable,
@@ -169,6 +169,21 @@ def _cost_columns(r: Record, center) -> dict:
         "executables": memory.executables if memory else {},
         "calls_per_step": cost.calls_per_step if cost else {},
     }
+
+
+def peak_at(memory) -> str | None:
+    """Where the devices' peak in use was reached: "build" where it was already reached
+    when the build ended (no step raised it: it is the build's, not the step's), "steps"
+    where the steps raised it; None where the record has no readings after the build."""
+    after = ((memory and memory.device_stats_after) or {}).get("build")
+    end = memory and memory.device_stats
+    if not after or not end:
+        return None
+    peaks = [(a or {}).get("peak_bytes_in_use") for a in after]
+    finals = [(e or {}).get("peak_bytes_in_use") for e in end]
+    if None in peaks or None in finals:
+        return None
+    return "steps" if max(finals) > max(peaks) else "build"
 
 
 def _peak_reserved(memory) -> int | None:

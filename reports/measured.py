@@ -8,7 +8,12 @@ arrays are counted in `peak_bytes_in_use`, and a program's temporaries are reser
 is loaded, counted in `peak_bytes_reserved` and not in `peak_bytes_in_use`. The measured peak
 here is their sum, an upper bound of the device's high-water mark: the two peaks may fall at
 different times (an array alive only while the model is built counts in the first, not
-beside the second). A backend that states no reservation (CPU, GPU) gives no sum.
+beside the second). A backend that states no reservation (CPU, GPU) gives no sum. Where the
+record read the devices after the build too (`memory.device_stats_after`), it says where
+the peak in use was reached: a peak the build had already reached, and no step raised, is
+the build's (the model's weights and the trainer's copy of them alive together for a
+moment), so its sum with the step's reservation is not a reading of the step and is never
+marked a gap.
 
 Time. The roofline is the plan's lower bound of a step on the chip's datasheet
 (harness.measure.roofline: FLOPs at the bf16 peak, HBM bytes at its bandwidth, collective
@@ -44,10 +49,12 @@ def measured_peak(row) -> float | None:
     return None if in_use is None or reserved is None else in_use + reserved
 
 
-def _ratio(planned: float | None, measured: float | None) -> str:
+def _ratio(planned: float | None, measured: float | None, peak_at: str | None = None) -> str:
     if planned is None or not measured:
         return MISSING
     ratio = planned / measured
+    if peak_at == "build":
+        return f"{ratio:.3f} (the build's peak)"
     return f"{ratio:.3f}" + (" **gap**" if abs(ratio - 1) > GAP else "")
 
 
@@ -69,7 +76,7 @@ def rows(df: pd.DataFrame) -> list[tuple[str, ...]]:
         found.append((
             shape_label(r), r["arm"], r.get("plan_for") or MISSING,
             _gib(number(r["peak_bytes"])), _gib(number(r.get("peak_reserved"))), _gib(measured),
-            _gib(planned), _ratio(planned, measured),
+            _gib(planned), _ratio(planned, measured, r.get("peak_at")),
             MISSING if median is None else f"{median:.1f}",
             MISSING if bound_s is None else f"{bound_s * 1e3:.1f}",
             r.get("plan_bound_by") or MISSING,

@@ -16,13 +16,15 @@ import socket
 from collections.abc import Sequence
 
 from harness.cell.phases import Phases, start_backend
-from harness.cell.reference import checked_parity
+from harness.cell.reference import checked_parity, why_not_checked
 from harness.cell.sections import (
     block,
     build_arm,
     cost_section,
     memory_section,
+    parity_step,
     planned_memory,
+    release_device_memory,
     timing_record,
     warm_up,
 )
@@ -59,11 +61,12 @@ class Gate:
 
 def run_paired(runs: Sequence[CellRun], slices: int, phases: Phases,
                gate: Gate | None = None) -> list[Record]:
-    """Builds every arm of `runs` (one shape) here, warms each (its first step checks
-    parity), then times `slices` slices of steps/slices steps each, the arm order rotated
-    from slice to slice (`slice_order`); one record per arm. With a `gate` (lockstep A/B,
-    harness.orchestrator.lockstep), the process says when it is ready and times each slice only when
-    told to, as another process's slices alternate with its own."""
+    """Builds every arm of `runs` (one shape) here, warms each, then times `slices` slices
+    of steps/slices steps each, the arm order rotated from slice to slice (`slice_order`);
+    one record per arm, its parity checked once every arm is closed (`_check_parity`). With
+    a `gate` (lockstep A/B, harness.orchestrator.lockstep), the process says when it is
+    ready and times each slice only when told to, as another process's slices alternate
+    with its own."""
     from arms.registry import lookup
     from arms.spec import CellSpec
 
@@ -79,8 +82,8 @@ def run_paired(runs: Sequence[CellRun], slices: int, phases: Phases,
     for run, choice in zip(runs, choices, strict=True):
         arm, build_s = build_arm(choice.make(spec))
         batches = arm.place(spec.micro_batches(0))
-        first_loss, gradient = warm_up(arm, batches, run)
-        built.append((run, arm, batches, build_s, first_loss, gradient))
+        warm_up(arm, batches, run)
+        built.append((run, arm, batches, build_s))
     phases.end("build")
     per_slice = runs[0].steps // slices
     samples = [([], [], []) for _ in built]
@@ -95,23 +98,39 @@ def run_paired(runs: Sequence[CellRun], slices: int, phases: Phases,
         gate.released()
     phases.end("timed")
     records = []
-    for k, (run, arm, _, build_s, first_loss, gradient) in enumerate(built):
+    for k, (run, arm, _, build_s) in enumerate(built):
         timing = timing_record(arm, run, spec, samples[k], pauses[k], recompiles[k],
                                compiles, build_s, noise, slices=[per_slice] * slices)
         executables = arm.executables()
         planned = planned_memory(executables, arm.held_bytes())
-        parity, unchecked = (checked_parity(spec, gradient, first_loss,
-                                            arm.trainer_denominator())
-                             if run.parity else (None, None))
         records.append(Record(
             about=arm.about(), timing=timing,
             memory=memory_section(planned, arm.calls_per_step(), None, 0),
-            cost=cost_section(executables, arm.calls_per_step(), timing.stats.median_ms, spec),
-            parity=parity, parity_not_checked=unchecked))
+            cost=cost_section(executables, arm.calls_per_step(), timing.stats.median_ms, spec)))
     phases.end("cost")
     for _, arm, *_ in built:
         arm.close()
+    del built
+    _check_parity(records, runs, choices, spec)
+    phases.end("reference")
     return records
+
+
+def _check_parity(records: list[Record], runs: Sequence[CellRun], choices, spec) -> None:
+    """Each checked arm's gradient parity, once every measured arm is closed: its parity
+    step (a fresh arm's first step, harness.cell.sections.parity_step), then the
+    reference; a check that fails says why in its record, the measurements stand."""
+    for record, run, choice in zip(records, runs, choices, strict=True):
+        if not run.parity:
+            continue
+        release_device_memory()
+        try:
+            first_step = parity_step(choice, spec)
+        except Exception as err:  # kept as the record's reason; the measurements stand
+            record.parity_not_checked = why_not_checked(err)
+            continue
+        release_device_memory()
+        record.parity, record.parity_not_checked = checked_parity(spec, *first_step)
 
 
 def _time_slices(built, slices: int, per_slice: int, samples, pauses, recompiles,

@@ -3,6 +3,7 @@ backend started with the run's compilation cache, from which compiles are counte
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 
@@ -74,9 +75,13 @@ def host_gather(tree):
 
 
 COMPILE_CACHE_BOUND = 64 * 2**30
-"""The compilation cache's size bound. JAX locks its cache directory around each read and
-write only where it may evict (a bound is set): the run's cells share one cache, and planned
-cells (`parity plan --jobs`) write it side by side."""
+"""The compilation cache's size bound, where the `filelock` package is installed: JAX locks
+its cache directory around each read and write only where it may evict (a bound is set),
+which two processes sharing one cache at once need (lockstep A/B sides given one kept
+cache). JAX refuses a bound without `filelock` by turning its cache off altogether (measured
+on the TPU v5e host, whose stack has no filelock: every compile cold, the fit check's
+programs compiled again by the build), so there the cache runs unbounded and unlocked, as
+JAX's default; a run's own cells use it one at a time."""
 
 
 def use_compile_cache() -> None:
@@ -90,7 +95,8 @@ def use_compile_cache() -> None:
     import jax
 
     jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_compilation_cache_max_size", COMPILE_CACHE_BOUND)
+    if importlib.util.find_spec("filelock") is not None:
+        jax.config.update("jax_compilation_cache_max_size", COMPILE_CACHE_BOUND)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 

@@ -49,9 +49,15 @@ def checked_parity(spec, gradient, first_loss: float, trainer_denominator: float
     try:
         return parity_section(spec, gradient, first_loss, trainer_denominator), None
     except Exception as err:  # kept as the record's reason; the measurements stand
-        message = f"{type(err).__name__}: {err}"
-        reason = "oom" if any(m in message for m in OOM_MARKERS) else "exception"
-        return None, f"{reason}: {message[:600]}"
+        return None, why_not_checked(err)
+
+
+def why_not_checked(err: Exception) -> str:
+    """A check's error as the record's reason: 'oom: ...' where it ran out of memory,
+    'exception: ...' for any other."""
+    message = f"{type(err).__name__}: {err}"
+    reason = "oom" if any(m in message for m in OOM_MARKERS) else "exception"
+    return f"{reason}: {message[:600]}"
 
 
 def parity_section(spec, gradient, first_loss: float, trainer_denominator: float | None

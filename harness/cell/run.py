@@ -3,16 +3,17 @@
 The cell's arm is resolved and made once, then planned and built. Order inside the cell: on
 an accelerator, the fit check (the step planned for the device from shapes alone, compiled
 once: the build loads it; a cell that cannot fit is refused here, harness.cell.fit) -> build
-+ compile (timed apart) -> the first warmup step, after which the gradient its optimizer saw
-is read back from the optimizer's state to the host for the parity check (nothing is added
-to the trainer's program: arms.base.Arm.seen_gradient) -> the other warmup steps
--> the executables' planned memory, and on the CPU backend the host heap they will reuse
-faulted in (harness.measure.memory.reserve_heap) -> the untraced timed window (after a full
-garbage collection: per-step wall, dispatch and wait; GC pauses; RSS high-water) ->
++ compile (timed apart) -> the warmup steps -> the executables' planned memory, and on the
+CPU backend the host heap they will reuse faulted in (harness.measure.memory.reserve_heap)
+-> the untraced timed window (after a full garbage collection: per-step wall, dispatch and
+wait; GC pauses; RSS high-water) ->
 compiled cost of the executables -> an optional traced window (never the timed one) -> the
-devices' peak memory -> the arm closed and its device buffers released -> the exact
-reference gradient, computed last so its memory cannot pollute the measured peaks, and
-guarded so that nothing it does loses what was measured (harness.cell.reference). Each
+devices' peak memory -> the arm closed and its device buffers released -> where parity is
+checked, the parity step (a fresh arm of the same work built and stepped once, the gradient
+its optimizer saw read back from the optimizer's own state: nothing is added to the
+trainer's program, and nothing of the check is in the process while it is timed) and the
+exact reference gradient, both after every measurement so that neither can pollute it, and
+guarded so that nothing they do loses what was measured (harness.cell.reference). Each
 phase is a small function (harness.cell.sections, harness.cell.reference) returning its
 section of the `reports.record.Record` the cell writes. A cell with a plan target is
 planned instead (harness.cell.plan).
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from harness.cell import sections
 from harness.cell.fit import check_fit
 from harness.cell.phases import Phases, start_backend
-from harness.cell.reference import checked_parity
+from harness.cell.reference import checked_parity, why_not_checked
 from harness.contract import CHECK_PENDING, OOM_MARKERS, PEER_MARKERS, CellRun
 from reports.record import Failure, Record
 
@@ -49,7 +50,8 @@ def run_cell(run: CellRun, phases: Phases | None = None,
     from arms.spec import CellSpec
 
     if run.warmup < 1:
-        raise ValueError("warmup must be >= 1 (the first warmup step is the parity step)")
+        raise ValueError("warmup must be >= 1 (a first step is never timed: it allocates "
+                         "what the steps after it reuse)")
     spec = CellSpec.from_dict(run.spec)
     choice = lookup(run.arm)  # resolved once: the fit check and the build share one arm
     choice.preload()
@@ -61,22 +63,20 @@ def run_cell(run: CellRun, phases: Phases | None = None,
         phases.end("fit")
         if not fit.fits:
             return fit.failure()
-    record, first_step = _measure(run, spec, arm, fit, compiles, phases)
+    record = _measure(run, spec, arm, fit, compiles, phases)
     if run.parity:
-        _check_parity(record, spec, first_step, keep)
-        phases.end("reference")
+        _check_parity(record, spec, choice, phases, keep)
     return record
 
 
-def _measure(run: CellRun, spec, arm, fit, compiles, phases: Phases) -> tuple[Record, tuple]:
-    """Builds, warms, times (and traces) `arm`; returns its record and the first step's
-    (gradient, loss, trainer's denominator) for the gradient check, the arm closed."""
+def _measure(run: CellRun, spec, arm, fit, compiles, phases: Phases) -> Record:
+    """Builds, warms, times (and traces) `arm`; returns its record, the arm closed."""
     compiled_before = compiles.seconds  # every compile of the build is the compile phase
     arm, build_s = sections.build_arm(arm)
     phases.end("build", less={"compile": compiles.seconds - compiled_before})
     readings = {"build": sections.device_reading()}
     batches = arm.place(spec.micro_batches(0))
-    first_loss, gradient = sections.warm_up(arm, batches, run)
+    sections.warm_up(arm, batches, run)
     readings["warmup"] = sections.device_reading()
     phases.end("warmup")
     executables = arm.executables()
@@ -98,21 +98,29 @@ def _measure(run: CellRun, spec, arm, fit, compiles, phases: Phases) -> tuple[Re
     timing.compile_log = compiles.log  # the same list: the check's compiles join it
     record = Record(about=arm.about(), timing=timing, memory=memory, cost=cost,
                     trace=traced, plan=fit and fit.plan)
-    first_step = (gradient, first_loss, arm.trainer_denominator())
     arm.close()
-    return record, first_step
+    return record
 
 
-def _check_parity(record: Record, spec, first_step: tuple, keep) -> None:
+def _check_parity(record: Record, spec, choice, phases: Phases, keep) -> None:
     """The gradient check of a measured cell, once the arm's device buffers are released:
-    `keep` (when given) is handed the record first, as it stands while the check runs;
-    `first_step` is (gradient its optimizer saw, loss, trainer's denominator) of the first
-    step."""
+    `keep` (when given) is handed the record first, as it stands while the check runs; then
+    the parity step (a fresh arm's first step: sections.parity_step) and the reference,
+    each a phase of its own."""
     sections.release_device_memory()
     record.parity_not_checked = CHECK_PENDING
     if keep is not None:
         keep(record)
+    try:
+        first_step = sections.parity_step(choice, spec)
+    except Exception as err:  # kept as the record's reason; the measurements stand
+        record.parity_not_checked = why_not_checked(err)
+        phases.end("parity step")
+        return
+    sections.release_device_memory()
+    phases.end("parity step")
     record.parity, record.parity_not_checked = checked_parity(spec, *first_step)
+    phases.end("reference")
 
 
 def exception_failure(err: Exception, run: CellRun) -> Failure:

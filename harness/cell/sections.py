@@ -37,20 +37,32 @@ def build_arm(arm):
     return arm, time.perf_counter() - start
 
 
-def warm_up(arm, batches, run: CellRun):
-    """Runs the warmup steps; returns the first one's (loss, and with `run.parity` the
-    gradient its optimizer saw, on the host in our decoder's layout)."""
-    block(arm.step(batches))  # warmup 1: the parity step
+def warm_up(arm, batches, run: CellRun) -> float:
+    """Runs the warmup steps; returns the first one's loss."""
+    block(arm.step(batches))
     first_loss = arm.last_loss()
     if not math.isfinite(first_loss):
         raise FloatingPointError(f"non-finite loss {first_loss} at step 1 of arm {run.arm}; "
                                  "check the learning rate, dtype and data of this cell")
-    # Read back from the optimizer's state (Arm.seen_gradient): the program the cell times
-    # is the trainer's whether or not its parity is checked.
-    gradient = arm.seen_gradient(host_gather) if run.parity else None
     for _ in range(run.warmup - 1):
         block(arm.step(batches))
-    return first_loss, gradient
+    return first_loss
+
+
+def parity_step(choice, spec) -> tuple[dict, float, float | None]:
+    """(the gradient its optimizer saw, loss, trainer's denominator) of the first step of
+    a fresh arm of `choice` on `spec`, built, stepped once and closed here: after the
+    measured arm is gone, so nothing of the check is in the process while it is timed (a
+    2.4 GB host copy of qwen3-0.6b's gradient held through the timed window made its host
+    dispatch 0.4-1.7 ms slower on the TPU v5e host). The same weights and batches make the
+    same first step, and its compiles are the measured arm's, loaded from the run's
+    cache. The gradient is read back from the optimizer's own state (Arm.seen_gradient), on
+    the host in our decoder's layout."""
+    arm, _ = build_arm(choice.make(spec))
+    block(arm.step(arm.place(spec.micro_batches(0))))
+    found = (arm.seen_gradient(host_gather), arm.last_loss(), arm.trainer_denominator())
+    arm.close()
+    return found
 
 
 def timed_window(arm, batches, run: CellRun, spec, compiles,

@@ -96,9 +96,21 @@ def cell_line(record: Record, earlier: list[Record] = ()) -> str:
     differ = other_work(record, list(earlier))
     tail = ("; its time is not comparable work" if parity_failed(record)
             else f"; {differ}: its time is not comparable work" if differ else "")
+    twice = compiled_twice(t.compile_log or [])
+    if twice:
+        tail += (f"; compiled twice: {', '.join(twice)} (the build did not load what the fit "
+                 "check compiled: is the compilation cache off?)")
     return (f"{head} {name}{flag}: median {t.stats.median_ms:.1f} ms "
             f"(cv {t.stats.cv:.3f}), {t.tokens_per_s:.0f} tok/s, exec/step "
             f"{_executions(record)}, {parity}{tail}")
+
+
+def compiled_twice(log: list[dict]) -> list[str]:
+    """Programs a cell's process compiled cold in its fit check and again in its build
+    (its compile log, Timing.compile_log): none where the build loaded the check's."""
+    fitted = {e["program"] for e in log if e["phase"] == "fit" and not e["cached"]}
+    return sorted({e["program"] for e in log
+                   if e["phase"] == "build" and not e["cached"] and e["program"] in fitted})
 
 
 HEADER = ("| arm | preset | seq | batch | ga | median ms | p90 ms | max ms | cv | tok/s "

@@ -21,7 +21,7 @@ device, the single-process default, cannot hold a batch that several processes f
 
 _AT_LEAST_ONE = {"steps": "--steps", "warmup": "--warmup", "trace_steps": "--trace-steps",
                  "rounds": "--rounds", "cpu_devices": "--cpu-devices"}
-_WHY = {"warmup": " (the first warmup step is the parity step)",
+_WHY = {"warmup": " (a first step is never timed: it allocates what the steps after it reuse)",
         "cpu_devices": " (it emulates that many CPU devices)"}
 
 

@@ -131,3 +131,26 @@ def test_the_traced_table_sets_each_arm_s_traced_step_against_its_untraced_one(t
                                              "173.99"]
     assert rows["engine"][:6] == ["2", "115.0", "115.1", "1.001x", "113.4", "1.7"]
     assert rows["native"][:4] == ["1", "114.5", "114.8", "1.003x"]
+
+
+def test_a_peak_the_build_reached_is_not_read_as_the_step_s(tmp_path):
+    """The chip's records read the device after the build as well: engine-fused's and
+    PeftTrainer's peak in use was already reached when the build ended (no step raised
+    it), so their sum with the step's reservation is the build's, never a gap; the split
+    engine's peak was raised by its steps (its fwd_bwd's float32 gradient) and is read as
+    the step's, 1.007 of its plan."""
+    from reports.frame import to_frame
+    from reports.measured import planned_vs_measured
+    from reports.record import read_dir
+
+    shutil.copy(CHIP / "chip-67-s1024-ga1-checked.jsonl", tmp_path / "chip.jsonl")
+    frame = to_frame(read_dir(tmp_path))
+    at = dict(zip(frame["arm"], frame["peak_at"], strict=True))
+    assert at["engine"] == "steps"
+    assert at["engine-fused"] == at["peft-decoder"] == at["peft-tunix"] == "build"
+    table = planned_vs_measured(frame)
+    assert "**gap**" not in table
+    fused = next(line for line in table.splitlines() if "| engine-fused |" in line)
+    assert "| 0.994 (the build's peak) |" in fused
+    engine = next(line for line in table.splitlines() if "| engine |" in line)
+    assert "| 11.666 | 1.007 |" in engine

@@ -70,7 +70,7 @@ def _bad_values(tmp_path):
         (["run", *CELL, "--seq", "100000000", *out], "to 40960 (Qwen3's context length)"),
         (["run", *CELL, "--batch", "-4", *out], "--batch -4: give a batch of at least 1"),
         (["run", *CELL, "--steps", "0", *out], "--steps 0: give at least 1"),
-        (["run", *CELL, "--warmup", "0", *out], "the first warmup step is the parity step"),
+        (["run", *CELL, "--warmup", "0", *out], "a first step is never timed"),
         (["run", *CELL, "--timeout", "-5", *out], "--timeout -5.0: give the seconds"),
         (["run", *CELL, "--cpu-devices", "-3", *out], "--cpu-devices -3: give at least 1"),
         (["run", *CELL, "--cpu-devices", "0", *out], "--cpu-devices 0: give at least 1"),
