@@ -45,10 +45,11 @@ def _section(df: pd.DataFrame, out_dir: Path, prefix: str, baseline_arm: str, ho
                 "interleave the arms (A B C, C B A, ...). Median = median of the rounds' "
                 "medians, with a 95% bootstrap CI over rounds. Speedup = median(other) / "
                 "median(arm): above 1.00x the arm is faster; its bracket is the 95% CI of "
-                "reports.stats (bootstrap over rounds, then steps) and a verdict needs a "
-                f"{stats.MIN_EFFECT:.0%}+ difference; with fewer rounds than 95% needs (4+ "
-                f"a side; interleaved rounds count as pairs from {stats.MIN_PAIRS}), the CI "
-                "must also clear the process-spread bound (reports.stats.spread_bound).",
+                "reports.stats (bootstrap over rounds, then steps) and slower or faster "
+                "needs a difference of at least the backend's minimum effect; with fewer "
+                f"rounds than 95% needs (4+ a side; interleaved rounds count as pairs from "
+                f"{stats.MIN_PAIRS}), the CI must also clear the process-spread bound "
+                f"(reports.stats.spread_bound).{summary.timing_rule(tables.ok(df), baseline_arm)}",
                 tables.timing(df, baseline_arm)),
         details("Cost per step", "Model FLOPs: one formula for every arm (MaxText's: 6 x "
                 "matmul params x tokens + causal attention; remat recompute excluded). "

@@ -218,7 +218,9 @@ class Nightly(Command):
         add_grid_arguments(parser)
         parser.add_argument("--history", type=Path, required=True, help="history directory")
         parser.add_argument("--threshold", type=float,
-                            help="relative slowdown that counts (default: suite's, else 0.05)")
+                            help="relative slowdown that counts (default: the suite's "
+                                 "regression_threshold, else the backend's minimum effect: "
+                                 "1%% where every run is on a TPU, else 5%%)")
         parser.add_argument("--report", type=Path, help="where nightly.md and plots go")
         parser.add_argument("--plan", action="store_true",
                             help="also plan every cell for the suite's target (or --target) "
@@ -263,8 +265,10 @@ class AB(Command):
         parser.add_argument("ref_a")
         parser.add_argument("ref_b")
         add_grid_arguments(parser)
-        parser.add_argument("--threshold", type=float, default=0.05,
-                            help="smallest relative difference that earns a verdict (0.05)")
+        parser.add_argument("--threshold", type=float,
+                            help="minimum effect: the smallest relative difference called "
+                                 "slower or faster (default: the backend's, 1%% where every "
+                                 "run is on a TPU, else 5%%; docs/numbers.md)")
         parser.add_argument("--allow-dirty", action="store_true",
                             help="allow uncommitted changes (HEAD is measured as committed)")
         parser.add_argument("--no-fail", action="store_true",
@@ -284,7 +288,8 @@ class AB(Command):
         from harness.jobs import ab
         from harness.store.layout import OutDir
 
-        check_fraction(args.threshold)
+        if args.threshold is not None:
+            check_fraction(args.threshold)
         wanted = request(args, args.out)
         options = check(wanted, defaults={"rounds": ab.ROUNDS, "steps": ab.STEPS,
                                           "trace": False})
@@ -293,7 +298,7 @@ class AB(Command):
                        min_effect=args.threshold,
                        watch=Progress(kept_in=args.out, also_kept="worktrees removed"))
         rounds = options["rounds"]
-        text = ab.markdown(args.ref_a, args.ref_b, result, rounds, args.threshold)
+        text = ab.markdown(args.ref_a, args.ref_b, result, rounds)
         out = OutDir(args.out)
         out.root.mkdir(parents=True, exist_ok=True)
         out.ab_markdown.write_text(text)

@@ -24,7 +24,6 @@ from harness.orchestrator.loop import Sink, Slot, Task, run_tasks, schedule
 from harness.orchestrator.refs import Ref, check_clean, check_repo, checked_out, resolve
 from harness.store.layout import OutDir, RunStore, new_run_id
 from harness.system.reaper import REAPER
-from reports import stats
 from reports.compare import CellComparison, compare_sets, regressions
 from reports.compare import markdown as compare_markdown
 from reports.record import ABTag, Record
@@ -97,7 +96,7 @@ def check(options: dict, pairing: str, slices: int) -> None:
 
 def ab(ref_a: str, ref_b: str, request: Request, options: dict, *,
        pairing: str | None = None, slices: int = SLICES, allow_dirty: bool = False,
-       min_effect: float = stats.MIN_EFFECT, watch: Watch = quiet) -> ABResult:
+       min_effect: float | None = None, watch: Watch = quiet) -> ABResult:
     """Runs each cell of `options` from both refs, `rounds` times (schedule's order), A and
     B of a round side by side in lockstep or back to back (`pairing`; None: `pairing_for`
     the backend); the rounds (and, in lockstep, the slices inside them) are then compared
@@ -105,7 +104,7 @@ def ab(ref_a: str, ref_b: str, request: Request, options: dict, *,
     repository that is not a checkout, an unknown ref, a ref naming a HEAD with uncommitted
     changes (unless `allow_dirty`), the pairing, rounds and slicing; a ref whose worker
     cannot time in lockstep is refused once checked out. Records go to OUT/<ab id>-A.jsonl
-    and -B.jsonl."""
+    and -B.jsonl. Timings are judged at `min_effect` (None: the backend's)."""
     precheck(options, pairing, slices)
     check_repo()
     shas = {"A": resolve(ref_a), "B": resolve(ref_b)}
@@ -171,8 +170,7 @@ def side_tasks(grid: Grid, sinks: dict[str, Sink], *, lockstep: bool,
     return tasks
 
 
-def markdown(ref_a: str, ref_b: str, result: ABResult, rounds: int,
-             min_effect: float = stats.MIN_EFFECT) -> str:
+def markdown(ref_a: str, ref_b: str, result: ABResult, rounds: int) -> str:
     how = (f"A's and B's processes side by side, their steps alternating in "
            f"{result.lockstep_slices} slices (A B, then B A, ...); rounds, then the slice "
            "pairs inside them, are resampled as pairs." if result.lockstep_slices else
@@ -180,6 +178,6 @@ def markdown(ref_a: str, ref_b: str, result: ABResult, rounds: int,
     head = [f"## A/B: {ref_a} (A, {result.shas['A'][:10]}) vs {ref_b} "
             f"(B, {result.shas['B'][:10]})", "",
             f"{rounds} interleaved rounds, each cell in its own process, {how}", ""]
-    table = compare_markdown(result.rows, old_label="A", new_label="B", min_effect=min_effect)
+    table = compare_markdown(result.rows, old_label="A", new_label="B")
     changed = what_changed(result.rows)
     return "\n".join(head) + table + (f"\n{changed}" if changed else "")

@@ -24,14 +24,14 @@ EXIT_OK, EXIT_REGRESSION, EXIT_BROKEN = 0, 1, 2
 ROUNDS = 4
 """Default rounds a night: 4 new runs against 4+ history runs is the smallest unpaired
 sample whose CI can reach 95% (reports.stats.luck_bound)."""
-THRESHOLD = 0.05
-"""The regression threshold of a suite that sets none."""
 
 
 def prepare(request: Request, *, threshold: float | None, report: Path | None,
-            publish_to: Path | None) -> tuple[dict, float, Path]:
+            publish_to: Path | None) -> tuple[dict, float | None, Path]:
     """(grid options, threshold, report directory), every value checked before anything
-    runs: a corrupt history fails now, not after the grid."""
+    runs: a corrupt history fails now, not after the grid. The threshold is `threshold`,
+    else the suite's `regression_threshold`, else None: each cell's backend's minimum
+    effect (reports.stats.default_min_effect)."""
     history = request.out
     results.check_writable(history, "--history")  # the runs are written there
     if publish_to is not None:
@@ -41,13 +41,13 @@ def prepare(request: Request, *, threshold: float | None, report: Path | None,
     report_dir = report or OutDir(history).nightly_report
     results.check_writable(report_dir, "--report")
     options = check(request, defaults={"rounds": ROUNDS})
-    threshold = threshold or options.get("regression_threshold", THRESHOLD)
-    if not threshold > 0:
+    threshold = threshold or options.get("regression_threshold")
+    if threshold is not None and not threshold > 0:
         raise ValueError(f"--threshold {threshold}: give a relative slowdown > 0")
     return options, threshold, report_dir
 
 
-def nightly(request: Request, options: dict, *, threshold: float, report_dir: Path,
+def nightly(request: Request, options: dict, *, threshold: float | None, report_dir: Path,
             target: dict | None = None, publish_to: Path | None = None,
             watch: Watch = quiet) -> tuple[int, str]:
     """`parity nightly`: (exit code, the nightly's markdown) of the grid run into the
@@ -64,10 +64,9 @@ def publish(history: Sequence[Record], history_dir: Path, out: Path, *,
             threshold: float | None = None, workers: int | None = None,
             flag: str = "-o") -> site.Published:
     """Writes the history's site to `out` (reports.site.publish): every run judged at
-    `threshold`, or, where None, at its suite's threshold (else the nightly's 5%), in
-    `workers` processes (default: one per CPU)."""
-    return site.publish(history, out, source=str(history_dir),
-                        threshold=threshold or site.DEFAULT_THRESHOLD,
+    `threshold`, or, where None, at its suite's threshold, else at its backend's minimum
+    effect (as the nightly), in `workers` processes (default: one per CPU)."""
+    return site.publish(history, out, source=str(history_dir), threshold=threshold,
                         thresholds=None if threshold else suites.thresholds(
                             r.suite for r in history if r.suite),
                         workers=workers, flag=flag)
@@ -90,7 +89,7 @@ def _what_changed(row) -> str:
         f"{found}" if found else ""
 
 
-def evaluate(new: list[Record], history_dir: Path, *, threshold: float,
+def evaluate(new: list[Record], history_dir: Path, *, threshold: float | None,
              report_dir: Path, publish_to: Path | None = None) -> tuple[int, str]:
     """Compares `new` (already appended to the history) with the rest of the history;
     writes the nightly's markdown and a plot per regression to `report_dir`; with
