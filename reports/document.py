@@ -110,14 +110,15 @@ class Against:
     comparison: str
     """reports.compare.markdown of the two sets of results."""
     changed: list[tuple[str, str]]
-    """(cell, what changed there) for every cell the comparison calls a regression."""
+    """(cell, what differs there and its cause) for every cell the comparison calls a
+    regression."""
 
 
 def _against(found: Against) -> str:
     parts = [f"## Against the baseline ({found.label})", found.comparison]
     if not found.changed:
         parts.append("No cell regressed against the baseline.")
-    parts += [details(f"What changed: {name}", text) for name, text in found.changed]
+    parts += [details(f"What differs: {name}", text) for name, text in found.changed]
     return "\n\n".join(parts)
 
 
@@ -134,7 +135,7 @@ def render(results: str | Path, output: str | Path, *, baseline_arm: str | None 
 
     Records whose environments differ (versions, backend, device kind or count, XLA flags)
     are never compared: each environment gets its own section. `against`: the results
-    compared with a baseline run's, a section at the end, with a folded "What changed"
+    compared with a baseline run's, a section at the end, with a folded "What differs"
     block under every regressed cell.
     """
     output = Path(output)

@@ -76,8 +76,10 @@ class Explain(Command):
                    "and collective bytes of each side and the change. Traces: per device, the "
                    "step split into compute, collectives, copies and idle, and device time per "
                    "step by category and by op, each change marked beyond noise or not. The "
-                   "largest movers first, and what ran on one side only. Exit 0, 2 on bad "
-                   "input.")
+                   "largest movers first, and what ran on one side only: what differs, not "
+                   "why. A cause is named only where the two records differ in one "
+                   "intervention (a commit, a software stack, an arm, an option) and their "
+                   "timings say it moved the time. Exit 0, 2 on bad input.")
 
     @classmethod
     def setup(cls, parser):
@@ -97,6 +99,7 @@ class Explain(Command):
 
         from harness.jobs import explain
         from harness.measure import trace_diff
+        from reports.cause import DIFFERS
 
         if args.top is not None and args.top < 1:
             raise ValueError(f"--top {args.top}: give at least 1")
@@ -104,13 +107,17 @@ class Explain(Command):
         if args.trace or {explain.which(records, args.arm) for _, records in sides} == {
                 explain.TRACE}:
             found = explain.explain_traces(sides, args.arm)
-            print(json.dumps(trace_diff.to_json(found, args.top), indent=1) if args.json
-                  else trace_diff.markdown(found, args.top))
+            said = explain.cause_line([(records, explain.traced_record(records, args.arm))
+                                       for _, records in sides])
+            print(json.dumps({**trace_diff.to_json(found, args.top), "cause": said}, indent=1)
+                  if args.json else
+                  f"{DIFFERS}\n\n{trace_diff.markdown(found, args.top)}\n{said}")
             return 0
         a, b = (explain.pick(records, str(path), args.arm) for path, records in sides)
         found = explain.explain(a, b)
-        print(json.dumps(explain.to_json(found, args.top), indent=1) if args.json
-              else explain.markdown(found, args.top))
+        said = explain.cause_line([(sides[0][1], a), (sides[1][1], b)])
+        print(json.dumps({**explain.to_json(found, args.top), "cause": said}, indent=1)
+              if args.json else f"{DIFFERS}\n\n{explain.markdown(found, args.top)}\n{said}")
         return 0
 
 
@@ -137,7 +144,7 @@ class Report(Command):
         parser.add_argument("--baseline", type=Path, metavar="RESULTS",
                             help="earlier results to compare with (as `parity compare "
                                  "BASELINE RESULTS`): a section at the end, with a folded "
-                                 "'What changed' block under every regressed cell")
+                                 "'What differs' block under every regressed cell")
 
     @classmethod
     def _against(cls, old, new, label: str):

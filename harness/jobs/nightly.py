@@ -15,8 +15,8 @@ from harness.jobs.explain import cell_change
 from harness.jobs.grid import Request, Watch, check, quiet
 from harness.store import results
 from harness.store.layout import OutDir
+from reports import cause, site
 from reports import nightly as nightly_report
-from reports import site
 from reports.record import Record, codec
 from reports.regression import REGRESSION, against_history
 
@@ -79,14 +79,19 @@ def published_text(done: site.Published) -> str:
 
 
 def _what_changed(row) -> str:
-    """A regressed cell's movers against the latest comparable run of its history
-    (harness.jobs.explain.cell_change), or ''."""
+    """A regressed cell's block: what differs from the latest comparable run of its history
+    (harness.jobs.explain.cell_change) and the cause line (reports.cause)."""
     if not row.history or not row.cell.ok:
         return ""
     latest = [r for r in row.history if r.run_id == row.history[-1].run_id and r.ok]
-    found = cell_change(latest, row.cell.ok) if latest else ""
-    return f"\n#### What changed: {row.cell.name} (against run {row.history[-1].run_id})\n\n" \
-        f"{found}" if found else ""
+    if not latest:
+        return ""
+    found = cell_change(latest, row.cell.ok)
+    said = cause.cause(row.comparison.timing if row.comparison else None,
+                       cause.interventions(latest[0], row.cell.ok[0]))
+    text = (f"\n#### What differs: {row.cell.name} (against run {row.history[-1].run_id})"
+            f"\n\n{cause.DIFFERS}\n\n{found}\n{said}\n")
+    return text
 
 
 def evaluate(new: list[Record], history_dir: Path, *, threshold: float | None,

@@ -71,7 +71,7 @@ def test_compare_flags_a_planted_cost_change_without_timing_samples(two_runs):
     assert "cost compiled_flops_per_step" in failing.stderr
     # the regression is explained: the planted elementwise pass is the first mover, more
     # loop fusions reading and writing more bytes (the step's other categories unchanged)
-    changed = failing.stdout.split("### What changed: native tiny seq=16 batch=4 ga=1")[1]
+    changed = failing.stdout.split("### What differs: native tiny seq=16 batch=4 ga=1")[1]
     first = next(line for line in changed.splitlines() if line.startswith("| ")
                  and not line.startswith("| category"))
     cells = [c.strip() for c in first.strip("|").split("|")]
@@ -159,7 +159,7 @@ def test_one_run_a_side_fails_the_gate_on_a_large_slowdown_and_passes_an_a_a(one
     assert "| too few samples |" in same.stdout
 
 
-def test_a_report_given_a_baseline_folds_what_changed_under_the_regressed_cell(two_runs,
+def test_a_report_given_a_baseline_folds_what_differs_under_the_regressed_cell(two_runs,
                                                                                tmp_path):
     old, new = two_runs
     out = tmp_path / "parity.md"
@@ -168,7 +168,7 @@ def test_a_report_given_a_baseline_folds_what_changed_under_the_regressed_cell(t
     text = out.read_text()
     against = text.split(f"## Against the baseline ({old})")[1]
     assert "| native tiny seq=16 batch=4 ga=1 |" in against  # the comparison's row
-    block = against.split("<summary><b>What changed: native tiny seq=16 batch=4 ga=1</b>"
+    block = against.split("<summary><b>What differs: native tiny seq=16 batch=4 ga=1</b>"
                           "</summary>")[1].split("</details>")[0]
     first = next(line for line in block.splitlines() if line.startswith("| ")
                  and not line.startswith("| category"))
