@@ -249,39 +249,60 @@ class Nightly(Command):
         return code
 
 
+def _ab_arguments(parser: argparse.ArgumentParser, out: str) -> None:
+    """`ab`'s options besides the grid's and its refs."""
+    add_grid_arguments(parser)
+    parser.add_argument("--threshold", type=float,
+                        help="minimum effect: the smallest relative difference called slower "
+                             "or faster (default: the backend's, 1%% where every run is on a "
+                             "TPU, else 5%%; docs/numbers.md)")
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="allow uncommitted changes (HEAD is measured as committed)")
+    parser.add_argument("--out", type=Path, default=Path(out), help="results dir")
+    parser.add_argument("--pairing", choices=[LOCKSTEP, PROCESSES],
+                        help="lockstep (the default on CPU): A's and B's processes of a "
+                             "round side by side, their steps alternating in --slices "
+                             "slices (both refs need a worker that speaks lockstep); "
+                             "processes (the default on an accelerator, where one process "
+                             "at a time holds the chip): one after the other")
+    parser.add_argument("--slices", type=int,
+                        help="lockstep: slices the timed steps are cut into (default 5)")
+
+
+def _stack(python: str | None, site: str | None):
+    from harness.orchestrator.refs import Stack
+
+    return Stack(python=python, site=site)
+
+
 class AB(Command):
     name = "ab"
-    help = "A/B two git refs: the same cells, interleaved round by round"
+    help = "A/B two git refs (or two software stacks): the same cells, interleaved"
     description = ("Checks out REF_A and REF_B as git worktrees and runs every cell from "
                    "each, A's and B's processes side by side in lockstep (or one after the "
-                   "other), for --rounds rounds; reports the ratio of "
-                   "medians with a 95%% CI, a verdict, the minimum detectable effect and any "
-                   "change in the exact cost metrics. Exit 1 when B is slower beyond noise or "
-                   "costs more (unless --no-fail), 2 on bad input. `parity ab HEAD HEAD` "
-                   "measures the noise floor.")
+                   "other), for --rounds rounds, each side in this Python environment or in "
+                   "its own (--python-a/-b, --site-a/-b: a jax, flax, optax or libtpu "
+                   "upgrade gated like a commit); reports the ratio of medians with a 95%% "
+                   "CI, a verdict, the minimum detectable effect and any change in the exact "
+                   "cost metrics. Exit 1 when B is slower beyond noise or costs more (unless "
+                   "--no-fail), 2 on bad input. `parity ab HEAD HEAD` measures the noise "
+                   "floor.")
 
     @classmethod
     def setup(cls, parser):
         parser.add_argument("ref_a")
         parser.add_argument("ref_b")
-        add_grid_arguments(parser)
-        parser.add_argument("--threshold", type=float,
-                            help="minimum effect: the smallest relative difference called "
-                                 "slower or faster (default: the backend's, 1%% where every "
-                                 "run is on a TPU, else 5%%; docs/numbers.md)")
-        parser.add_argument("--allow-dirty", action="store_true",
-                            help="allow uncommitted changes (HEAD is measured as committed)")
+        _ab_arguments(parser, "results/ab")
         parser.add_argument("--no-fail", action="store_true",
                             help="exit 0 even when B is slower or costs more")
-        parser.add_argument("--out", type=Path, default=Path("results/ab"), help="results dir")
-        parser.add_argument("--pairing", choices=[LOCKSTEP, PROCESSES],
-                            help="lockstep (the default on CPU): A's and B's processes of a "
-                                 "round side by side, their steps alternating in --slices "
-                                 "slices (both refs need a worker that speaks lockstep); "
-                                 "processes (the default on an accelerator, where one process "
-                                 "at a time holds the chip): one after the other")
-        parser.add_argument("--slices", type=int,
-                            help="lockstep: slices the timed steps are cut into (default 5)")
+        for side in "ab":
+            parser.add_argument(f"--python-{side}", metavar="PYTHON",
+                                help=f"side {side.upper()}'s cells run in this Python "
+                                     "interpreter (its own site-packages), e.g. another "
+                                     "venv's bin/python")
+            parser.add_argument(f"--site-{side}", metavar="DIR",
+                                help=f"side {side.upper()}'s cells import the packages in DIR "
+                                     "first (pip install --target DIR jax==... flax==...)")
 
     @classmethod
     def run(cls, args):
@@ -293,12 +314,14 @@ class AB(Command):
         wanted = request(args, args.out)
         options = check(wanted, defaults={"rounds": ab.ROUNDS, "steps": ab.STEPS,
                                           "trace": False})
+        stacks = {"A": _stack(args.python_a, args.site_a),
+                  "B": _stack(args.python_b, args.site_b)}
         result = ab.ab(args.ref_a, args.ref_b, wanted, options, pairing=args.pairing,
                        slices=args.slices or ab.SLICES, allow_dirty=args.allow_dirty,
                        min_effect=args.threshold,
+                       stacks={side: stack for side, stack in stacks.items() if stack},
                        watch=Progress(kept_in=args.out, also_kept="worktrees removed"))
-        rounds = options["rounds"]
-        text = ab.markdown(args.ref_a, args.ref_b, result, rounds)
+        text = ab.markdown(args.ref_a, args.ref_b, result, options["rounds"])
         out = OutDir(args.out)
         out.root.mkdir(parents=True, exist_ok=True)
         out.ab_markdown.write_text(text)

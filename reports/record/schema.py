@@ -340,11 +340,13 @@ class Environment:
     """What two plans must share: a plan is the compiler's output for the target, the same
     to the byte whichever allocator the host compiled it with (harness.system.allocator)."""
 
-    def comparable_key(self, plan: bool = False) -> tuple:
+    def comparable_key(self, plan: bool = False, versions: bool = True) -> tuple:
         """The COMPARABLE (for a `plan`, PLAN_COMPARABLE) values as canonical JSON (dict key
-        order never matters)."""
+        order never matters); `versions=False` leaves the package versions out (the A/B of
+        two software stacks, whose versions are what it compares)."""
         names = self.PLAN_COMPARABLE if plan else self.COMPARABLE
-        return tuple(json.dumps(getattr(self, k), sort_keys=True) for k in names)
+        return tuple(json.dumps(getattr(self, k), sort_keys=True) for k in names
+                     if versions or k != "versions")
 
 
 UNAVAILABLE = "unavailable"
@@ -431,11 +433,12 @@ class Record:
         hold a plan too: its step planned for the device it ran on (the fit check)."""
         return bool(self.run and self.run.plan_target)
 
-    def cell_key(self) -> tuple:
+    def cell_key(self, versions: bool = True) -> tuple:
         """Records with equal keys measured the same work the same way in comparable
-        environments: their samples may be pooled or compared."""
+        environments: their samples may be pooled or compared (`versions=False`: whatever
+        their package versions, for the A/B of two software stacks)."""
         plan = self.is_plan
-        env = self.environment.comparable_key(plan) if self.environment else None
+        env = self.environment.comparable_key(plan, versions) if self.environment else None
         run = None
         if plan:  # a plan: its target, not how it would be run
             run = ("plan", self.run.plan_target, self.run.plan_slices, self.run.plan_libtpu,
