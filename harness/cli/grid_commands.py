@@ -9,7 +9,7 @@ from pathlib import Path
 
 from harness.cli.command import Command, Parser, check_fraction
 from harness.cli.grid_args import add_grid_arguments, request
-from harness.cli.watch import Progress, Stopped
+from harness.cli.watch import Progress, Stopped, stopped_keeps
 from harness.contract import IN_PROCESS, LOCKSTEP, PROCESSES
 
 
@@ -250,7 +250,7 @@ class Nightly(Command):
 
 
 def _ab_arguments(parser: argparse.ArgumentParser, out: str) -> None:
-    """`ab`'s options besides the grid's and its refs."""
+    """The options `ab` and `bisect` share (besides the grid's)."""
     add_grid_arguments(parser)
     parser.add_argument("--threshold", type=float,
                         help="minimum effect: the smallest relative difference called slower "
@@ -267,6 +267,16 @@ def _ab_arguments(parser: argparse.ArgumentParser, out: str) -> None:
                              "at a time holds the chip): one after the other")
     parser.add_argument("--slices", type=int,
                         help="lockstep: slices the timed steps are cut into (default 5)")
+
+
+def _ab_extra(args: argparse.Namespace) -> list[str]:
+    """The A/B options given, as a command line repeats them."""
+    found = []
+    for flag, value in (("--threshold", args.threshold), ("--pairing", args.pairing),
+                        ("--slices", args.slices)):
+        if value is not None:
+            found += [flag, str(value)]
+    return found
 
 
 def _stack(python: str | None, site: str | None):
@@ -327,3 +337,59 @@ class AB(Command):
         out.ab_markdown.write_text(text)
         print(text)
         return 1 if result.slower and not args.no_fail else 0
+
+
+class Bisect(Command):
+    name = "bisect"
+    help = "find the first commit after GOOD whose cell is slower than GOOD's"
+    description = ("A binary search over BAD's first-parent history after GOOD: each step an "
+                   "A/B (as `parity ab`: worktrees and compile caches kept across steps) of "
+                   "one commit against GOOD at the one cell given, until the first commit "
+                   "slower beyond noise by at least the minimum effect is found; then what "
+                   "differs between it and its parent, and the `parity ab` line that "
+                   "reproduces it. Exit 0 when a commit is named, 1 when BAD is not slower "
+                   "(or a step's cell failed), 2 on bad input.")
+
+    @classmethod
+    def setup(cls, parser):
+        parser.add_argument("good", help="a commit whose cell is not slower")
+        parser.add_argument("bad", help="a later commit whose cell is slower")
+        _ab_arguments(parser, "results/bisect")
+        parser.add_argument("--python", metavar="PYTHON",
+                            help="every step's cells run in this Python interpreter")
+        parser.add_argument("--site", metavar="DIR",
+                            help="every step's cells import the packages in DIR first")
+
+    @classmethod
+    def run(cls, args):
+        from harness.jobs import ab
+        from harness.jobs import bisect as bisect_job
+        from harness.store.layout import OutDir
+
+        if args.threshold is not None:
+            check_fraction(args.threshold)
+        wanted = request(args, args.out)
+        options = check(wanted, defaults={"rounds": ab.ROUNDS, "steps": ab.STEPS,
+                                          "trace": False})
+        stack = _stack(args.python, args.site)
+        extra = _ab_extra(args) + [arg for side in "ab" for flag, value in (
+            (f"--python-{side}", args.python), (f"--site-{side}", args.site))
+            if value for arg in (flag, value)]
+
+        def on_step(step, most):
+            print(f"parity bisect: step {step.number} (of at most {most}): {step.line()}",
+                  flush=True)
+
+        progress = Progress(kept_in=args.out, also_kept="worktrees removed")
+        with stopped_keeps(progress.kept):
+            found = bisect_job.bisect(
+                args.good, args.bad, wanted, options, pairing=args.pairing,
+                slices=args.slices or ab.SLICES, allow_dirty=args.allow_dirty,
+                min_effect=args.threshold, stack=stack or None, watch=progress,
+                on_step=on_step)
+        text = bisect_job.markdown(args.good, args.bad, found, wanted, extra)
+        out = OutDir(args.out)
+        out.root.mkdir(parents=True, exist_ok=True)
+        out.bisect_markdown.write_text(text)
+        print(text)
+        return 0 if found.first is not None else 1

@@ -5,6 +5,7 @@ reports.nightly); this module runs the grid and writes where the nightly writes.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -57,7 +58,7 @@ def nightly(request: Request, options: dict, *, threshold: float | None, report_
         plans = {**options, "rounds": 1, "trace": False}
         records = [*records, *plan_job.plan(request, plans, target, watch=watch)[1]]
     return evaluate(records, request.out, threshold=threshold, report_dir=report_dir,
-                    publish_to=publish_to)
+                    publish_to=publish_to, request=request)
 
 
 def publish(history: Sequence[Record], history_dir: Path, out: Path, *,
@@ -78,9 +79,11 @@ def published_text(done: site.Published) -> str:
             f"{done.seconds:.1f} s)")
 
 
-def _what_changed(row) -> str:
+def _what_changed(row, request: Request | None) -> str:
     """A regressed cell's block: what differs from the latest comparable run of its history
-    (harness.jobs.explain.cell_change) and the cause line (reports.cause)."""
+    (harness.jobs.explain.cell_change) and the cause line (reports.cause), then, where the
+    two ran different commits, the `parity bisect` that finds the one that moved the time
+    (separate runs, not an A/B, name at most the range)."""
     if not row.history or not row.cell.ok:
         return ""
     latest = [r for r in row.history if r.run_id == row.history[-1].run_id and r.ok]
@@ -91,11 +94,23 @@ def _what_changed(row) -> str:
                        cause.interventions(latest[0], row.cell.ok[0]))
     text = (f"\n#### What differs: {row.cell.name} (against run {row.history[-1].run_id})"
             f"\n\n{cause.DIFFERS}\n\n{found}\n{said}\n")
+    old, new = latest[0].environment, row.cell.ok[0].environment
+    if request is not None and old and new and old.git_sha and new.git_sha and (
+            old.git_sha != new.git_sha) and not old.git_dirty and not new.git_dirty:
+        cell = row.cell.ok[0]
+        one = Request(explicit={**request.explicit, "arms": [cell.arm],
+                                "preset": [cell.spec.preset], "seq": [cell.spec.seq],
+                                "batch": [cell.spec.batch], "micro_batch": None,
+                                "ga": [cell.spec.ga], "rounds": None},
+                      suite=request.suite, plugins=request.plugins, out=request.out)
+        line = shlex.join(["parity", "bisect", old.git_sha, new.git_sha, *one.argv()])
+        text += f"\nThe commit that moved it, by A/B at this cell:\n\n    {line}\n"
     return text
 
 
 def evaluate(new: list[Record], history_dir: Path, *, threshold: float | None,
-             report_dir: Path, publish_to: Path | None = None) -> tuple[int, str]:
+             report_dir: Path, publish_to: Path | None = None,
+             request: Request | None = None) -> tuple[int, str]:
     """Compares `new` (already appended to the history) with the rest of the history;
     writes the nightly's markdown and a plot per regression to `report_dir`; with
     `publish_to`, then republishes the history's site there (a site that cannot be written
@@ -108,7 +123,7 @@ def evaluate(new: list[Record], history_dir: Path, *, threshold: float | None,
     for i, row in enumerate(regressed):
         png = nightly_report.history_plot(row, report_dir / f"regression_{i}.png")
         text += f"\n![{row.cell.name}]({png.name})\n"
-        text += _what_changed(row)
+        text += _what_changed(row, request)
     (report_dir / "nightly.md").write_text(text)
     code = EXIT_REGRESSION if regressed else EXIT_OK
     if not new or any(not r.ok and not r.unavailable for r in new):
