@@ -14,7 +14,7 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 
-from reports import costs, stats
+from reports import costs, noise, stats
 from reports.record import Record, cell_name, sliced_runs
 
 
@@ -50,11 +50,12 @@ class Cell:
         return statistics.median(pooled) if pooled else None
 
 
-def cells(records: Sequence[Record]) -> list[Cell]:
-    """Records grouped by cell key, in order of first appearance."""
+def cells(records: Sequence[Record], *, versions: bool = True) -> list[Cell]:
+    """Records grouped by cell key (`versions=False`: its package versions left out), in
+    order of first appearance."""
     groups: dict[tuple, list[Record]] = {}
     for record in records:
-        groups.setdefault(record.cell_key(), []).append(record)
+        groups.setdefault(record.cell_key(versions=versions), []).append(record)
     return [Cell(key, sorted(group, key=lambda r: (r.run_id or "", r.round)))
             for key, group in groups.items()]
 
@@ -78,9 +79,15 @@ class CellComparison:
     cost_changes: list[costs.CostChange]
     warnings: list[str]
 
+    @property
+    def label(self) -> str:
+        """The verdict as printed (stats.label of the timings; `mde=False`: the tables show
+        the MDE in a column of its own)."""
+        return stats.label(self.timing, mde=False) if self.timing else self.verdict
+
     def to_json(self) -> dict:
         return {
-            "cell": self.name, "verdict": self.verdict,
+            "cell": self.name, "verdict": self.verdict, "label": self.label,
             "old_median_ms": self.old and self.old.median_ms,
             "new_median_ms": self.new and self.new.median_ms,
             "old_runs": len(self.old.ok) if self.old else 0,
@@ -92,12 +99,13 @@ class CellComparison:
 
 
 def compare_cells(old: Cell, new: Cell, *, paired: bool = False,
-                  min_effect: float = stats.MIN_EFFECT, full_ci: bool = True) -> CellComparison:
-    """`new` against `old`. `full_ci=False`: the timing's CI is computed only where the
-    verdict depends on it (`stats.compare`'s `min_effect`); the verdict is the same."""
+                  min_effect: float | None = None, full_ci: bool = True) -> CellComparison:
+    """`new` against `old`, judged at `min_effect` (None: the backend's,
+    stats.default_min_effect). `full_ci=False`: the timing's CI is computed only where it
+    can make the timing slower or faster (`stats.compare`'s `full_ci`)."""
     warnings = [f"{side}: {w}" for side, cell in (("old", old), ("new", new))
-                for w in ([*(stats.warnings(cell.runs) if cell.runs else []),
-                           *stats.machine_warnings(
+                for w in ([*(noise.warnings(cell.runs) if cell.runs else []),
+                           *noise.machine_warnings(
                                [r.timing.probe_ms for r in cell.ok
                                 if r.timing and r.timing.probe_ms],
                                [r.timing.steal for r in cell.ok if r.timing],
@@ -115,17 +123,18 @@ def compare_cells(old: Cell, new: Cell, *, paired: bool = False,
                               cost_changes=costs.changes(old.ok, new.ok),
                               warnings=failed + warnings)
     pair = paired and len(old.runs) == len(new.runs)
-    busy = stats.busy([r.timing.other_load for r in (*old.ok, *new.ok) if r.timing])
+    rule = {"busy": stats.busy([r.timing.other_load for r in (*old.ok, *new.ok) if r.timing]),
+            "backend": stats.one_backend(r.environment.backend if r.environment else None
+                                         for r in (*old.ok, *new.ok)),
+            "min_effect": min_effect}
     sliced = old.slices, new.slices
     if pair and sliced[0] and sliced[1] and _shape(sliced[0]) == _shape(sliced[1]):
         # Lockstep A/B: slice i of both sides' run r ran next to each other.
-        timing = stats.compare_slices(*sliced)
+        timing = stats.compare_slices(*sliced, **rule)
     else:
-        backend = stats.one_backend(r.environment.backend for r in (*old.ok, *new.ok))
-        timing = stats.compare(old.runs, new.runs, paired=pair, busy=busy, backend=backend,
-                               min_effect=None if full_ci else min_effect)
+        timing = stats.compare(old.runs, new.runs, paired=pair, full_ci=full_ci, **rule)
     return CellComparison(name=new.name, old=old, new=new, timing=timing,
-                          verdict=stats.verdict(timing, min_effect),
+                          verdict=stats.verdict(timing),
                           cost_changes=costs.changes(old.ok, new.ok),
                           warnings=failed + warnings)
 
@@ -141,15 +150,19 @@ def _counted(lines) -> list[str]:
 
 
 def compare_sets(old: Sequence[Record], new: Sequence[Record], *, paired: bool = False,
-                 min_effect: float = stats.MIN_EFFECT) -> list[CellComparison]:
-    """Every cell of either set: compared where both have it, else listed as only in one.
+                 min_effect: float | None = None,
+                 across_stacks: bool = False) -> list[CellComparison]:
+    """Every cell of either set: compared where both have it, else listed as only in one;
+    timings judged at `min_effect` (None: each cell's backend's).
 
     Cells match on `Record.cell_key()`, so records of other versions, backends, devices or
-    XLA flags are never compared (they show as only in one set).
+    XLA flags are never compared (they show as only in one set), except that
+    `across_stacks` leaves the package versions out: an A/B whose sides are two software
+    stacks compares exactly those.
     """
-    old_cells = {c.key: c for c in cells(old)}
+    old_cells = {c.key: c for c in cells(old, versions=not across_stacks)}
     rows = []
-    for cell in cells(new):
+    for cell in cells(new, versions=not across_stacks):
         match = old_cells.pop(cell.key, None)
         if match is None:
             rows.append(CellComparison(name=cell.name, old=None, new=cell, timing=None,
@@ -188,35 +201,43 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def rule_text(rows: Sequence[CellComparison], *, new_label: str = "new",
+              old_label: str = "old") -> str:
+    """The rule printed above a table of `rows`: the ratio, what each label means, and the
+    minimum effect and process spread actually used for these rows' runs (stats.rule)."""
+    used = stats.rule([row.timing for row in rows if row.timing])
+    return (f"Ratio = median {new_label} / median {old_label} (above 1.00: {new_label} is "
+            "slower), 95% CI from a bootstrap over runs then steps, "
+            f"{stats.MIN_STEPS}+ steps a run. {stats.LEGEND}"
+            + (f" Used for these runs: {used}." if used else "")
+            + " Cost metrics are compared exactly.")
+
+
 def markdown(rows: Sequence[CellComparison], *, old_label: str = "old",
-             new_label: str = "new", min_effect: float = stats.MIN_EFFECT) -> str:
+             new_label: str = "new") -> str:
     """The comparison table, then every cost change and warning."""
     lines = [
-        f"Ratio = median {new_label} / median {old_label} (above 1.00: {new_label} is "
-        f"slower), 95% CI from a bootstrap over runs then steps; a verdict needs the CI to "
-        f"exclude 1.00, a difference of at least {min_effect:.0%}, {stats.MIN_STEPS}+ steps "
-        "a run; with too few runs for 95% to be reachable by the CI alone (under 6 "
-        "interleaved pairs, or e.g. 4 + 4 independent runs), the CI must also clear the "
-        f"process-spread bound (log-SD {stats.PROCESS_LOG_SD:g} a process, measured on a "
-        "2-core CPU; 2.0x at one run a side), else 'too few samples'. MDE = the smallest "
-        "relative difference these samples can detect. Cost metrics are compared exactly.",
-        "",
+        rule_text(rows, new_label=new_label, old_label=old_label), "",
         f"| cell | {old_label} median ms | {new_label} median ms | runs | ratio [95% CI] "
         "| verdict | MDE | cost changes |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         t = row.timing
-        ratio = f"{t.ratio:.3f} [{t.low:.3f}, {t.high:.3f}]" if t else "-"
+        ratio = (f"{t.ratio:.3f} [{t.low:.3f}, {t.high:.3f}]" if t and t.low is not None
+                 else f"{t.ratio:.3f}" if t else "-")
         runs = f"{len(row.old.ok) if row.old else 0} / {len(row.new.ok) if row.new else 0}"
         changed = ", ".join(c.metric for c in row.cost_changes) or "none"
         lines.append(f"| {row.name} | {_fmt(row.old and row.old.median_ms)} | "
                      f"{_fmt(row.new and row.new.median_ms)} | {runs} | {ratio} | "
-                     f"{row.verdict} | {_fmt(t and t.mde, '.1%')} | {changed} |")
+                     f"{row.label} | {_fmt(t and t.mde, '.1%')} | {changed} |")
     flagged = sum(r.verdict in (stats.SLOWER, stats.FASTER) for r in rows)
+    under = sum(r.verdict == stats.UNDER for r in rows)
     changed_cells = sum(bool(r.cost_changes) for r in rows)
-    lines += ["", f"{flagged} of {len(rows)} cells differ in time beyond noise; "
-                  f"{changed_cells} changed in cost."]
+    lines += ["", f"{flagged} of {len(rows)} cells differ in time beyond noise by at least "
+                  f"the minimum effect" + (f", {under} by less (detected, under it)"
+                                           if under else "")
+              + f"; {changed_cells} changed in cost."]
     details = [f"- {row.name}: {c.text()}" for row in rows for c in row.cost_changes]
     if details:
         lines += ["", "Cost changes (exact; old -> new):", *details]
@@ -227,6 +248,9 @@ def markdown(rows: Sequence[CellComparison], *, old_label: str = "old",
 
 
 def to_json(rows: Sequence[CellComparison]) -> dict:
+    """The rows as JSON; each timing carries the minimum effect and process spread it was
+    judged by, and `rule` says them in words (as `markdown` prints them)."""
     return {"cells": [row.to_json() for row in rows],
             "rule": {"confidence": stats.CONFIDENCE, "min_pairs": stats.MIN_PAIRS,
-                     "min_steps": stats.MIN_STEPS, "min_effect_default": stats.MIN_EFFECT}}
+                     "min_steps": stats.MIN_STEPS,
+                     "used": stats.rule([row.timing for row in rows if row.timing])}}

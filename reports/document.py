@@ -45,10 +45,11 @@ def _section(df: pd.DataFrame, out_dir: Path, prefix: str, baseline_arm: str, ho
                 "interleave the arms (A B C, C B A, ...). Median = median of the rounds' "
                 "medians, with a 95% bootstrap CI over rounds. Speedup = median(other) / "
                 "median(arm): above 1.00x the arm is faster; its bracket is the 95% CI of "
-                "reports.stats (bootstrap over rounds, then steps) and a verdict needs a "
-                f"{stats.MIN_EFFECT:.0%}+ difference; with fewer rounds than 95% needs (4+ "
-                f"a side; interleaved rounds count as pairs from {stats.MIN_PAIRS}), the CI "
-                "must also clear the process-spread bound (reports.stats.spread_bound).",
+                "reports.stats (bootstrap over rounds, then steps) and slower or faster "
+                "needs a difference of at least the backend's minimum effect; with fewer "
+                f"rounds than 95% needs (4+ a side; interleaved rounds count as pairs from "
+                f"{stats.MIN_PAIRS}), the CI must also clear the process-spread bound "
+                f"(reports.stats.spread_bound).{summary.timing_rule(tables.ok(df), baseline_arm)}",
                 tables.timing(df, baseline_arm)),
         details("Cost per step", "Model FLOPs: one formula for every arm (MaxText's: 6 x "
                 "matmul params x tokens + causal attention; remat recompute excluded). "
@@ -109,14 +110,15 @@ class Against:
     comparison: str
     """reports.compare.markdown of the two sets of results."""
     changed: list[tuple[str, str]]
-    """(cell, what changed there) for every cell the comparison calls a regression."""
+    """(cell, what differs there and its cause) for every cell the comparison calls a
+    regression."""
 
 
 def _against(found: Against) -> str:
     parts = [f"## Against the baseline ({found.label})", found.comparison]
     if not found.changed:
         parts.append("No cell regressed against the baseline.")
-    parts += [details(f"What changed: {name}", text) for name, text in found.changed]
+    parts += [details(f"What differs: {name}", text) for name, text in found.changed]
     return "\n\n".join(parts)
 
 
@@ -133,7 +135,7 @@ def render(results: str | Path, output: str | Path, *, baseline_arm: str | None 
 
     Records whose environments differ (versions, backend, device kind or count, XLA flags)
     are never compared: each environment gets its own section. `against`: the results
-    compared with a baseline run's, a section at the end, with a folded "What changed"
+    compared with a baseline run's, a section at the end, with a folded "What differs"
     block under every regressed cell.
     """
     output = Path(output)

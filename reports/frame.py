@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from reports import stats
+from reports import medians, noise, stats
 from reports.compare import cells
 from reports.parity import judge
 from reports.record import Environment, Record, sliced_runs
@@ -68,7 +68,7 @@ def _row(records: list[Record]) -> dict:
     parity = _first(records, "parity")
     timed = [x for x in records if x.ok and x.timing]  # a plan record has no timing
     runs = [x.timing.step_ms for x in timed if x.timing.step_ms]
-    center = stats.median_ci(runs) if runs else None
+    center = medians.median_ci(runs) if runs else None
     return {
         **_cell_columns(r), **_plan_columns(_first(records, "plan")),
         **_timing_columns(r, timed, runs, center), **_cost_columns(r, center),
@@ -110,7 +110,7 @@ def _timing_columns(r: Record, timed: list[Record], runs: list[list[float]], cen
         "step_ms": [t for run_ms in runs for t in run_ms],
         "median_ms": center and center.median, "median_low": center and center.low,
         "median_high": center and center.high,
-        "warnings": ([*stats.warnings(runs), *stats.machine_warnings(
+        "warnings": ([*noise.warnings(runs), *noise.machine_warnings(
             [x.timing.probe_ms for x in timed if x.timing.probe_ms],
             [x.timing.steal for x in timed],
             [x.timing.other_load for x in timed])] if runs else []),
@@ -118,7 +118,7 @@ def _timing_columns(r: Record, timed: list[Record], runs: list[list[float]], cen
         "mean_ms": _mean([x.timing.stats.mean_ms for x in timed]),
         "max_ms": max((x.timing.stats.max_ms for x in timed), default=None),
         "p90_ms": timing and timing.stats.p90_ms,
-        "cv": max((stats.cv(run_ms) for run_ms in runs), default=None),
+        "cv": max((noise.cv(run_ms) for run_ms in runs), default=None),
         "tokens_per_s": (timing.tokens_per_step / (center.median / 1e3)
                          if timing and center else None),
         "compile_s": timing and timing.compile_s,

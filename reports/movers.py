@@ -72,7 +72,7 @@ def carried(record: Record) -> dict[str, Totals]:
 
 
 def explain(a: Record, b: Record, per_step=None) -> Explanation:
-    """What changed between two records of one cell, by operation category; `per_step`
+    """What differs between two records of one cell, by operation category; `per_step`
     reads a record's step by category (default: `carried`)."""
     sides = (per_step or carried)(a), (per_step or carried)(b)
     names = list(dict.fromkeys([*sides[0], *sides[1]]))

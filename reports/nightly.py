@@ -12,22 +12,30 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from reports import stats
 from reports.regression import BASELINE_RUNS, FIRST, NightlyRow
 
 
-def summary_markdown(rows: list[NightlyRow], threshold: float) -> str:
+def summary_markdown(rows: list[NightlyRow], threshold: float | None) -> str:
     """The night's summary: the rule, a table row per cell of `rows` (judged at
-    `threshold`), then the cost changes and warnings, and what a first run means."""
+    `threshold`; None: each backend's minimum effect), then the cost changes and warnings,
+    and what a first run means."""
+    timings = [row.comparison.timing for row in rows
+               if row.comparison and row.comparison.timing]
+    at = (f"at least {stats.percent(threshold)}" if threshold is not None else
+          "at least the backend's minimum effect")
+    used = stats.rule(timings)
     lines = [
         "# Nightly parity", "",
-        f"Regression = median ms/step at least {threshold:.0%} above the comparable history "
-        f"(last {BASELINE_RUNS} runs of the same arm, config and environment) with "
-        "the 95% CI of the ratio (bootstrap over runs, then steps) above 1.00; with too few "
-        "runs a side for 95% to be reachable (under e.g. 4 + 4), above the process-spread "
-        "bound too (reports.stats.spread_bound); or any cost metric (compiled "
-        "FLOPs, bytes accessed, planned peak, executions per step, compiles; with --plan, "
-        "the target's planned peak, resident state, HBM, FLOPs and collective bytes) above "
-        "the latest comparable run's, compared exactly.", "",
+        f"Regression = median ms/step slower than the comparable history (last "
+        f"{BASELINE_RUNS} runs of the same arm, config and environment) beyond noise by "
+        f"{at} (ratio of medians, 95% CI by a bootstrap over runs, then steps; with too few "
+        "runs a side for 95% to be reachable, e.g. under 4 + 4, the CI must clear the "
+        "process-spread bound too); or any cost metric (compiled FLOPs, bytes accessed, "
+        "planned peak, executions per step, compiles; with --plan, the target's planned "
+        "peak, resident state, HBM, FLOPs and collective bytes) above the latest comparable "
+        f"run's, compared exactly. {stats.LEGEND}"
+        + (f" Used for these runs: {used}." if used else ""), "",
         "| cell | status | median ms | history median ms | runs new / old "
         "| ratio new/old [95% CI] | timing verdict | MDE | cost changes |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -42,7 +50,7 @@ def summary_markdown(rows: list[NightlyRow], threshold: float) -> str:
             lines.append(
                 f"| {cell.name} | {row.status} | {median:.1f} | {c.old.median_ms:.1f} | "
                 f"{len(cell.ok)} / {len(c.old.ok)} | {t.ratio:.3f} [{t.low:.3f}, "
-                f"{t.high:.3f}] | {c.verdict} | {t.mde:.1%} | {changed} |")
+                f"{t.high:.3f}] | {c.label} | {t.mde:.1%} | {changed} |")
             notes += [f"- {cell.name}: {ch.text()}" for ch in c.cost_changes]
             notes += [f"- {cell.name}: {w}" for w in c.warnings]
         else:

@@ -6,7 +6,9 @@ both apply, so the dashboard's verdicts are the ones the nightly printed.
 
 The statistics are `reports.stats` (the one rule) and the cell matching and cost diff are
 `reports.compare` and `reports.costs`. A run regresses when its timing is slower than the last
-`BASELINE_RUNS` comparable runs beyond noise by at least the threshold, or when any cost
+`BASELINE_RUNS` comparable runs beyond noise by at least the threshold (by default the
+backend's minimum effect, reports.stats.default_min_effect; a suite's
+`regression_threshold` or `--threshold` names another), or when any cost
 metric (compiled FLOPs, bytes accessed, planned peak memory, executions per step, compiles;
 a plan's figures) increased against the latest comparable run: those are exact, so no noise
 can hide or fake them. Only records with the same cell key (arm, work, run options,
@@ -88,13 +90,14 @@ def is_plan(record: Record) -> bool:
     return bool(record.run and record.run.plan_target)
 
 
-def judge(cell: Cell, same: Sequence[Record], *, threshold: float,
+def judge(cell: Cell, same: Sequence[Record], *, threshold: float | None,
           full_ci: bool = True) -> NightlyRow:
     """One run's records of one cell key (`cell`) against `same`: the ok records of that key
     from earlier runs, in (timestamp, round) order. Only the last `BASELINE_RUNS` run ids of
     `same` are read, so a caller may pass just those. `full_ci=False` computes the timing's
     CI only where the verdict depends on it (reports.compare.compare_cells); the status is
-    the same."""
+    the same. `threshold`: the relative slowdown that regresses (None: the backend's minimum
+    effect)."""
     if not cell.ok:
         return NightlyRow(cell, FAILED)
     if not same:
@@ -109,7 +112,7 @@ def judge(cell: Cell, same: Sequence[Record], *, threshold: float,
 
 
 def against_history(new: Sequence[Record], history: Sequence[Record], *,
-                    threshold: float) -> list[NightlyRow]:
+                    threshold: float | None) -> list[NightlyRow]:
     """Classifies each new cell against the comparable history (other run ids)."""
     run_ids = {r.run_id for r in new}
     past = [h for h in history if h.ok and h.run_id not in run_ids]

@@ -1,7 +1,8 @@
 """The one statistics rule: when is one set of timings faster or slower than another.
 
-Every comparison in the project (the report's speedups, `parity compare`, `parity ab` and
-the nightly regression check) goes through `compare` and `verdict` here.
+Every comparison in the project (the report's speedups, `parity compare`, `parity ab`,
+`parity bisect`, the nightly regression check and the dashboard) goes through `compare` and
+`verdict` here, and prints `label`.
 
 A timing sample is a list of runs (processes), each a list of per-step wall times. Steps of
 one process share its memory layout, compilation and machine state, so they scatter less
@@ -20,21 +21,23 @@ code. The rule:
   bootstrap", 2015): its tails are those of a normal at sqrt(n/(n-1)) * t(n-1) instead of z,
   n being the fewer runs of the two sides (the pairs, when paired);
 - verdict: "slower"/"faster" only when the CI excludes 1.00 and the ratio is at least
-  `min_effect` away from 1, with `MIN_STEPS`+ steps per run. With enough runs that the CI
-  could reach 95% at all (`luck_bound`: 6+ interleaved pairs, or e.g. 4 + 4 independent
-  runs), the CI decides. With fewer, the bootstrap cannot see how far whole processes of
-  identical code fall apart, so the CI is widened by the *process-spread bound*
-  (`spread_bound`): a log-normal process offset of SD `prior_log_sd` (the CPU machine's
-  `PROCESS_LOG_SD`, a TPU's `TPU_PROCESS_LOG_SD`; or the runs' own spread, if larger) on
-  each side, at the confidence's normal quantile. An effect beyond the
-  widened CI is decided (a tripled step time with one run a side is slower); one inside it
-  is "too few samples", never significant. Otherwise "no detectable difference";
+  the minimum effect away from 1, with `MIN_STEPS`+ steps per run. The minimum effect is the
+  backend's own, from its measured A/A floor (`default_min_effect`: `TPU_MIN_EFFECT` where
+  every run ran on a TPU, else `MIN_EFFECT`), unless the caller names one (`--threshold`).
+  With enough runs that the CI could reach 95% at all (`luck_bound`: 6+ interleaved pairs,
+  or e.g. 4 + 4 independent runs), the CI decides. With fewer, the bootstrap cannot see how
+  far whole processes of identical code fall apart, so the CI is widened by the
+  *process-spread bound* (`spread_bound`): a log-normal process offset of SD `prior_log_sd`
+  (the CPU machine's `PROCESS_LOG_SD`, a TPU's `TPU_PROCESS_LOG_SD`; or the runs' own
+  spread, if larger) on each side, at the confidence's normal quantile. The labels
+  (`verdict`, printed by `label`) say what was measured: a CI (widened where runs are few)
+  clear of 1.00 is "slower"/"faster" at the minimum effect or more, else "detected, under
+  the minimum effect"; a CI including 1.00 is "no detectable difference" (with its MDE)
+  where the runs could reach the confidence, else "too few samples";
 - MDE (minimum detectable effect): the CI's half-width relative to the ratio.
 
-`median_ci` gives one cell's median over runs with a run-level CI (scipy.stats.bootstrap's
-percentile method; `median_cis` does many cells at once),
-and `warnings` flags pyperf-style instability: a run whose steps scatter (CV above
-`MAX_CV`) or runs whose medians disagree by more than `MAX_RUN_SPREAD`.
+A cell's median over runs with its run-level CI is `reports.medians`'; instability and
+machine warnings, printed beside a verdict but never deciding one, are `reports.noise`'s.
 """
 
 from __future__ import annotations
@@ -53,10 +56,22 @@ RESAMPLES = 10_000
 SEED = 0
 """Fixed: the same samples always give the same CI, so a regenerated report is unchanged."""
 MIN_EFFECT = 0.05
-"""Smallest relative difference that earns a verdict (a CI may exclude 1.00 for a 1% shift
-that is machine state rather than code)."""
-MIN_RUNS = 3
-"""Fewest runs (processes) a side for a run-level CI of one cell's median."""
+"""The minimum effect on the CPU machine, and on a backend whose A/A floor is not measured
+(a GPU): the smallest relative difference that earns "slower" or "faster". A smaller one
+whose CI is clear of 1.00 is "detected, under the minimum effect". The CPU machine's A/A
+floor: `parity ab HEAD HEAD` at the defaults (16 lockstep rounds) reads MDEs of 3.1-7.5% on
+a 2-core VM, and whole processes of identical code spread log-SD 0.04-0.08 idle, up to 0.29
+when another process shares the machine (`PROCESS_LOG_SD`): a 5% difference is the smallest
+such an A/B resolves, and a CI may exclude 1.00 for a 1-3% shift that is the machine's
+state (which core, which neighbour) rather than the code (docs/numbers.md)."""
+TPU_MIN_EFFECT = 0.01
+"""The minimum effect where every run ran on a TPU (record backend `tpu`). The chip's A/A
+floor, measured on one TPU v5e (qwen3-0.6b seq 1024 GA 1, `native`, 6 rounds of processes
+one after the other): 1.000 [0.999, 1.002], MDE 0.1%, in 245 s; whole processes of
+identical code spread log-SD 0.00044 pooled over 10 pairs (`TPU_PROCESS_LOG_SD`). 1% is ten
+times that MDE: a verdict at 1% is no A/A noise of the chip measured, with room for what one
+chip's floor cannot show (another chip or host of the kind, a nightly's history spread over
+weeks). Smaller differences still print, as detected or not, with their CI."""
 MIN_PAIRS = 6
 """Fewest interleaved pairs of runs for a paired verdict (2^(1-6) = 3.1% <= 5%)."""
 MIN_STEPS = 5
@@ -76,32 +91,41 @@ shared with no other process. Measured on one TPU v5e (docs/results/tpu-v5e/h2h/
 10 qwen3-0.6b cells each run as 2 processes of identical code, host- and device-bound arms
 alike): pooled SD of log(per-process median) 0.00044 over 10 degrees of freedom (95% upper
 bound 0.0007, chi-square), the largest pair 0.15% apart. 0.01 is taken, 14x that bound,
-for hosts and chips not yet measured: at 2 runs a side exp(1.96 x 0.01) = 1.020, under
-`MIN_EFFECT`; the runs' own spread widens it where larger (`spread_bound`)."""
+for hosts and chips not yet measured: at 2 runs a side exp(1.96 x 0.01) = 1.020; the runs'
+own spread widens it where larger (`spread_bound`)."""
 BUSY_PROCESS_LOG_SD = 0.5
 """The same where a run shared the machine with other processes (`Timing.other_load` above
 `MAX_OTHER_LOAD`): a contended process ran at up to 2.4x the median of identical code here,
 so a busy run's bound is exp(1.96 x 0.5 x sqrt(2)) = 4.0x at one run a side."""
-MAX_CV = 0.10
-"""Step-time CV above which a run is flagged unstable (pyperf warns at 10% too)."""
-MAX_RUN_SPREAD = 0.10
-"""(max - min) / median of a cell's run medians above which its runs disagree."""
+MAX_OTHER_LOAD = 0.10
+"""Share of the machine's CPU time other processes kept busy during a window above which a
+run counts as busy (measured here: a cell sharing the 2-core VM with one other cell process
+ran up to 2x slower)."""
 
 Runs = Sequence[Sequence[float]]
 
-SLOWER, FASTER, SAME, TOO_FEW = ("slower", "faster", "no detectable difference",
-                                 "too few samples")
+SLOWER, FASTER, UNDER, SAME, TOO_FEW = (
+    "slower", "faster", "detected, under the minimum effect", "no detectable difference",
+    "too few samples")
+"""The labels: beyond noise and at least the minimum effect; beyond noise but smaller (its
+ratio and CI printed beside it); a CI including 1.00 from runs that could reach the
+confidence (its MDE printed beside it); a CI including 1.00 from runs that could not."""
+WITHIN = "within the minimum effect"
+"""The label where the caller asked for no CI (`compare(..., full_ci=False)`) and the ratio
+alone settles that there is no slower or faster: detected or not is then unknown."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Comparison:
-    """median(new) / median(old) with its bootstrap CI and the sample sizes behind it."""
+    """median(new) / median(old) with its bootstrap CI, the sample sizes behind it and the
+    rule it is judged by (its minimum effect and process spread)."""
 
     ratio: float
     """Ratio of pooled medians new/old: above 1 the new side is slower."""
     low: float | None
-    """Lower end of the CI; None where it was not computed because no CI could change the
-    verdict (`compare(..., min_effect=...)`: a ratio within the minimum effect)."""
+    """Lower end of the CI; None where it was not computed because no CI could change
+    whether it is slower or faster (`compare(..., full_ci=False)`: a ratio within the
+    minimum effect)."""
     high: float | None
     """Upper end of the CI (None as `low`)."""
     runs_old: int
@@ -113,6 +137,16 @@ class Comparison:
     spread_bound: float = 1.0
     """The factor by which whole processes of identical code may differ at the confidence
     level, for these run counts (`spread_bound`); it widens the CI where runs are too few."""
+    log_sd: float = PROCESS_LOG_SD
+    """The SD of log(process median) behind `spread_bound`: the prior (`prior_log_sd`), or
+    the runs' own spread where larger."""
+    backend: str | None = None
+    """The one backend every run ran on (None: several, or unknown)."""
+    busy: bool = False
+    """A run shared the machine with other processes (the busy prior)."""
+    min_effect: float = MIN_EFFECT
+    """The smallest relative difference that earns slower or faster: the backend's
+    (`default_min_effect`) unless the caller named one."""
 
     @property
     def mde(self) -> float | None:
@@ -131,7 +165,14 @@ class Comparison:
                 and self.min_steps >= MIN_STEPS)
 
     def to_json(self) -> dict:
-        return {**dataclasses.asdict(self), "mde": self.mde}
+        return {**dataclasses.asdict(self), "mde": self.mde, "verdict": verdict(self),
+                "label": label(self)}
+
+
+def default_min_effect(backend: str | None) -> float:
+    """The minimum effect of runs on `backend` (every run's; None where they differ): a
+    TPU's `TPU_MIN_EFFECT`, else the CPU machine's `MIN_EFFECT`."""
+    return TPU_MIN_EFFECT if backend == "tpu" else MIN_EFFECT
 
 
 def _runs(runs: Runs, side: str) -> list[np.ndarray]:
@@ -155,21 +196,32 @@ def _resampled_medians(runs: list[np.ndarray], picks: np.ndarray,
                                                for i in row])) for row in picks])
 
 
+def _rule(old: Sequence[np.ndarray], new: Sequence[np.ndarray], busy: bool,
+          backend: str | None, min_effect: float | None) -> dict:
+    """The fields of a Comparison that say how it is judged: the process spread of these
+    runs (`process_log_sd`) and its bound, the backend, and the minimum effect."""
+    sd = process_log_sd(old, new, busy=busy, backend=backend)
+    return {"spread_bound": _process_bound(sd, len(old), len(new), CONFIDENCE),
+            "log_sd": sd, "backend": backend, "busy": busy,
+            "min_effect": default_min_effect(backend) if min_effect is None else min_effect}
+
+
 def compare(old: Runs, new: Runs, *, paired: bool = False, seed: int = SEED,
             resamples: int = RESAMPLES, busy: bool = False, backend: str | None = None,
-            min_effect: float | None = None) -> Comparison:
+            min_effect: float | None = None, full_ci: bool = True) -> Comparison:
     """median(new)/median(old) with a two-level (runs, then steps) bootstrap CI.
 
     `paired`: run i of `old` ran next to run i of `new` (interleaved rounds); needs the same
     number of runs on both sides and resamples them together. Too few pairs to ever reach the
     confidence (`luck_bound`) are resampled as independent runs instead, which may. `busy`:
     a run shared the machine with other processes (its process-spread bound is wider);
-    `backend`: the one backend every run ran on (`prior_log_sd`).
+    `backend`: the one backend every run ran on (`prior_log_sd`, `default_min_effect`);
+    `min_effect`: the minimum effect to judge by (None: the backend's).
 
-    `min_effect`: the caller wants only the verdict at this minimum effect, so the bootstrap
-    is skipped (`low`/`high` None) where the ratio alone decides it: a ratio less than
-    `min_effect` away from 1.00, or a run shorter than `MIN_STEPS`, gets no "slower" or
-    "faster" whatever its CI (`verdict`). The verdict is the same as with the CI.
+    `full_ci=False`: the caller wants only whether it is slower or faster, so the bootstrap
+    is skipped (`low`/`high` None) where the ratio alone settles that: a ratio less than the
+    minimum effect away from 1.00, or a run shorter than `MIN_STEPS`, is neither whatever
+    its CI (`verdict` then says `WITHIN` or `TOO_FEW`).
     """
     old_runs, new_runs = _runs(old, "old"), _runs(new, "new")
     if paired and len(old_runs) != len(new_runs):
@@ -178,12 +230,12 @@ def compare(old: Runs, new: Runs, *, paired: bool = False, seed: int = SEED,
     paired = paired and (luck_bound(len(old_runs), len(new_runs), True) <= 1 - CONFIDENCE)
     ratio = float(np.median(np.concatenate(new_runs)) / np.median(np.concatenate(old_runs)))
     min_steps = min(len(r) for r in [*old_runs, *new_runs])
-    if min_effect is not None and (min_steps < MIN_STEPS or 1 - min_effect < ratio
-                                   < 1 + min_effect):
-        return Comparison(ratio=ratio, low=None, high=None, runs_old=len(old_runs),
-                          runs_new=len(new_runs), min_steps=min_steps, paired=paired,
-                          spread_bound=spread_bound(old_runs, new_runs, busy=busy,
-                                                 backend=backend))
+    judged = _rule(old_runs, new_runs, busy, backend, min_effect)
+    effect = judged["min_effect"]
+    sizes = {"ratio": ratio, "runs_old": len(old_runs), "runs_new": len(new_runs),
+             "min_steps": min_steps, "paired": paired, **judged}
+    if not full_ci and (min_steps < MIN_STEPS or 1 - effect < ratio < 1 + effect):
+        return Comparison(low=None, high=None, **sizes)
     rng = np.random.default_rng(seed)
     picks_old = rng.integers(0, len(old_runs), (resamples, len(old_runs)))
     picks_new = (picks_old if paired
@@ -191,19 +243,17 @@ def compare(old: Runs, new: Runs, *, paired: bool = False, seed: int = SEED,
     ratios = (_resampled_medians(new_runs, picks_new, rng)
               / _resampled_medians(old_runs, picks_old, rng))
     tail = expanded_tail(min(len(old_runs), len(new_runs))) * 100
-    return Comparison(ratio=ratio, low=float(np.percentile(ratios, tail)),
-                      high=float(np.percentile(ratios, 100 - tail)),
-                      runs_old=len(old_runs), runs_new=len(new_runs),
-                      min_steps=min_steps, paired=paired,
-                      spread_bound=spread_bound(old_runs, new_runs, busy=busy,
-                                                backend=backend))
+    return Comparison(low=float(np.percentile(ratios, tail)),
+                      high=float(np.percentile(ratios, 100 - tail)), **sizes)
 
 
 def compare_slices(old: Sequence[Sequence[Sequence[float]]],
                    new: Sequence[Sequence[Sequence[float]]], *, seed: int = SEED,
-                   resamples: int = RESAMPLES) -> Comparison:
+                   resamples: int = RESAMPLES, busy: bool = False,
+                   backend: str | None = None, min_effect: float | None = None) -> Comparison:
     """median(new)/median(old) of two arms timed in one process in alternating slices
-    (in-process pairing), each side given as processes x slices x steps.
+    (in-process pairing), each side given as processes x slices x steps; `busy`, `backend`
+    and `min_effect` as `compare`'s.
 
     Slice i of process p of both sides ran next to each other, so they are resampled
     together: a three-level paired bootstrap (processes, then the slices inside each, then
@@ -232,23 +282,29 @@ def compare_slices(old: Sequence[Sequence[Sequence[float]]],
                       high=float(np.percentile(ratios, 100 - tail)),
                       runs_old=procs * slices, runs_new=procs * slices,
                       min_steps=min(o.shape[1] * o.shape[2], n.shape[1] * n.shape[2]),
-                      paired=True, spread_bound=spread_bound(
-                          [r.ravel() for r in o], [r.ravel() for r in n]))
+                      paired=True, **_rule([r.ravel() for r in o], [r.ravel() for r in n],
+                                           busy, backend, min_effect))
 
 
 def spread_bound(old: Sequence[np.ndarray], new: Sequence[np.ndarray],
                  confidence: float = CONFIDENCE, *, busy: bool = False,
                  backend: str | None = None) -> float:
     """exp(z x sd x sqrt(1/a + 1/b)) for a and b runs: how far apart the pooled medians of
-    two sides of identical code may fall through process-to-process spread alone. sd is
-    `prior_log_sd(busy, backend)`, or the SD of the runs' log medians around their side's
+    two sides of identical code may fall through process-to-process spread alone, sd being
+    `process_log_sd`."""
+    return _process_bound(process_log_sd(old, new, busy=busy, backend=backend), len(old),
+                          len(new), confidence)
+
+
+def process_log_sd(old: Sequence[np.ndarray], new: Sequence[np.ndarray], *,
+                   busy: bool = False, backend: str | None = None) -> float:
+    """`prior_log_sd(busy, backend)`, or the SD of the runs' log medians around their side's
     mean where that is larger (a noisier machine than the one measured)."""
     logs = [np.log([run_median(r) for r in side]) for side in (old, new)]
     deviations = np.concatenate([side - side.mean() for side in logs])
     dof = len(deviations) - 2
     observed = float(np.sqrt((deviations**2).sum() / dof)) if dof > 0 else 0.0
-    return _process_bound(max(prior_log_sd(busy, backend), observed), len(old), len(new),
-                          confidence)
+    return max(prior_log_sd(busy, backend), observed)
 
 
 def _process_bound(sd: float, runs_a: int, runs_b: int, confidence: float) -> float:
@@ -303,26 +359,97 @@ def expanded_tail(n: int, confidence: float = CONFIDENCE) -> float:
     return float(scipy_stats.norm.sf(z))
 
 
-def verdict(c: Comparison, min_effect: float = MIN_EFFECT) -> str:
-    """"slower", "faster", "no detectable difference" or "too few samples" (new vs old).
+def verdict(c: Comparison, min_effect: float | None = None) -> str:
+    """The label of `c` (new vs old; `min_effect`: instead of the comparison's own).
 
-    Too few runs for the CI to reach the confidence (`luck_bound`): decided only where the
-    CI clears the process-spread bound too (`Comparison.spread_bound`), else too few."""
+    The interval judged is the CI, widened by the process-spread bound where the runs are
+    too few for the CI to reach the confidence (`Comparison.enough`). Clear of 1.00:
+    `SLOWER`/`FASTER` at the minimum effect or more, else `UNDER`. Including 1.00: `SAME`
+    where the runs could reach the confidence, else `TOO_FEW` (also under `MIN_STEPS` steps
+    a run). Without a CI (`full_ci=False`) and within the minimum effect: `WITHIN`."""
+    effect = c.min_effect if min_effect is None else min_effect
     if c.min_steps < MIN_STEPS:
         return TOO_FEW
     if c.low is None or c.high is None:  # skipped: the ratio is within the minimum effect
-        if not 1 - min_effect < c.ratio < 1 + min_effect:
-            raise ValueError(f"ratio {c.ratio:.3f} is {min_effect:.0%}+ away from 1.00: its "
-                             "verdict needs the CI, which was not computed")
-        return SAME if c.enough else TOO_FEW
+        if not 1 - effect < c.ratio < 1 + effect:
+            raise ValueError(f"ratio {c.ratio:.3f} is {percent(effect)}+ away from 1.00: "
+                             "its verdict needs the CI, which was not computed")
+        return WITHIN
     low, high = c.low, c.high
     if not c.enough:
         low, high = low / c.spread_bound, high * c.spread_bound
-    if low > 1.0 and c.ratio >= 1 + min_effect:
-        return SLOWER
-    if high < 1.0 and c.ratio <= 1 - min_effect:
-        return FASTER
+    if low > 1.0:
+        return SLOWER if c.ratio >= 1 + effect else UNDER
+    if high < 1.0:
+        return FASTER if c.ratio <= 1 - effect else UNDER
     return SAME if c.enough else TOO_FEW
+
+
+def percent(fraction: float) -> str:
+    """0.05 -> '5%', 0.015 -> '1.5%': a minimum effect as people write it."""
+    return f"{fraction * 100:.3g}%"
+
+
+def label(c: Comparison, min_effect: float | None = None, *, mde: bool = True) -> str:
+    """`verdict` as printed: the minimum effect named where the difference is under it, and
+    the MDE beside "no detectable difference" (`mde=False`: where a column shows it)."""
+    found = verdict(c, min_effect)
+    effect = percent(c.min_effect if min_effect is None else min_effect)
+    if found == UNDER:
+        return f"detected, under the {effect} minimum effect"
+    if found == WITHIN:
+        return f"within the {effect} minimum effect (CI not computed)"
+    if found == SAME and mde and c.mde is not None:
+        return f"{SAME} (MDE {c.mde:.1%})"
+    return found
+
+
+def describe(c: Comparison, min_effect: float | None = None) -> str:
+    """'1.030 [1.029, 1.031]: detected, under the 5% minimum effect': the ratio, its CI and
+    `label`, for a line that has no table around it."""
+    ci = f" [{c.low:.3f}, {c.high:.3f}]" if c.low is not None else ""
+    return f"{c.ratio:.3f}{ci}: {label(c, min_effect)}"
+
+
+LEGEND = ("Labels: slower / faster: the 95% CI (widened by the process-spread bound where runs are "
+          "too few for 95% by the CI alone: under 6 interleaved pairs, or e.g. 4 + 4 "
+          "independent runs) is clear of 1.00 and the difference is at least the minimum "
+          "effect; detected, under the minimum effect: clear of 1.00, smaller; no detectable "
+          "difference: the CI includes 1.00 (MDE: the smallest relative difference these "
+          f"samples can detect); too few samples: it includes 1.00 and the runs (or under "
+          f"{MIN_STEPS} steps a run) cannot reach 95%.")
+"""What each label means, for the legend under a table of them."""
+
+
+def _prior(c: Comparison) -> str:
+    """The process spread a comparison assumed, in words."""
+    if c.busy:
+        return (f"log-SD {BUSY_PROCESS_LOG_SD:g} a process: a run shared the machine with "
+                "other processes")
+    if c.backend == "tpu":
+        return (f"log-SD {TPU_PROCESS_LOG_SD:g} a process, a TPU's (0.00044 measured on one "
+                "v5e chip)")
+    which = "the CPU machine's, measured on a 2-core VM" + (
+        f"; a {c.backend.upper()}'s is not measured" if c.backend not in (None, "cpu") else "")
+    return f"log-SD {PROCESS_LOG_SD:g} a process ({which})"
+
+
+def rule(found: Sequence[Comparison]) -> str:
+    """The minimum effects and process spreads `found` were judged by, in words: what a
+    printed rule names for those runs (one clause per distinct pair), and how far the runs'
+    own spread exceeded the prior where it did."""
+    clauses = []
+    for effect, backend, prior in dict.fromkeys(
+            (c.min_effect, c.backend, _prior(c)) for c in found):
+        whose = ("a TPU's" if backend == "tpu" else "the CPU machine's")
+        named = ("" if effect != default_min_effect(backend)
+                 else f", {whose} from its A/A floor")
+        clauses.append(f"minimum effect {percent(effect)}{named}; process spread {prior}")
+    wider = [c.log_sd for c in found if c.log_sd > prior_log_sd(c.busy, c.backend)]
+    if wider:
+        clauses.append(f"the runs' own spread where wider ({len(wider)} comparisons, up to "
+                       f"log-SD {max(wider):.3g})")
+    return "; ".join(clauses)
 
 
 def step_noise_bound(backend: str | None = None) -> float:
@@ -336,7 +463,8 @@ def step_noise_rule(backend: str | None = None) -> str:
     return ("every traced step of one side lies outside the other side's range and the "
             "median step moved by more than two whole processes of identical code may "
             f"differ ({step_noise_bound(backend):.3g}x {where}, one capture a side) and by "
-            f"{MIN_EFFECT:.0%}+ of the step")
+            f"{percent(default_min_effect(backend))}+ of the step (the minimum effect "
+            f"{where})")
 
 
 def beyond_step_noise(a: Sequence[float], b: Sequence[float], step: float,
@@ -345,73 +473,17 @@ def beyond_step_noise(a: Sequence[float], b: Sequence[float], step: float,
     `b`, two captures of one process each: the per-step ranges are disjoint (A/A noise of
     its own steps), and the median step's ratio clears the process-spread bound of one run
     a side (`step_noise_bound`: the prior of `backend`, where the captures ran) with a
-    change of at least `MIN_EFFECT` of `step` (the step's span: a change that cannot move
-    the step by that much explains no verdict). Medians: one slow step (a first traced
-    step's cold cache) moves nothing. A side without steps is not compared."""
+    change of at least the backend's minimum effect (`default_min_effect`) of `step` (the
+    step's span: a change that cannot move the step by that much explains no verdict).
+    Medians: one slow step (a first traced step's cold cache) moves nothing. A side without
+    steps is not compared."""
     if not a or not b or min(a) < 0 or min(b) < 0:
         return False
     disjoint = max(a) < min(b) or max(b) < min(a)
     mean_a, mean_b = statistics.median(a), statistics.median(b)
     ratio = max(mean_a, mean_b) / min(mean_a, mean_b) if min(mean_a, mean_b) > 0 else math.inf
     return (disjoint and ratio > step_noise_bound(backend)
-            and abs(mean_b - mean_a) >= MIN_EFFECT * step)
-
-
-def is_regression(c: Comparison, threshold: float) -> bool:
-    """A slowdown of at least `threshold` that is beyond noise (the nightly rule)."""
-    return verdict(c, threshold) == SLOWER
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class MedianCI:
-    """A cell's median over runs and its run-level CI (None below MIN_RUNS runs)."""
-
-    median: float
-    """Median of the per-run medians."""
-    low: float | None
-    high: float | None
-    runs: int
-
-
-def median_ci(runs: Runs, seed: int = SEED) -> MedianCI:
-    """Median of the per-run medians with a percentile bootstrap CI over runs."""
-    return median_cis([runs], seed)[0]
-
-
-MEDIAN_CI_BATCH = 64
-"""Cells bootstrapped in one array by `median_cis` (bounds its memory: 64 x RESAMPLES x
-runs floats)."""
-
-
-def median_cis(samples: Sequence[Runs], seed: int = SEED) -> list[MedianCI]:
-    """`median_ci` of each of many cells at once (a year of nightly runs in seconds): the
-    cells of equal run counts go to scipy.stats.bootstrap as one array (its `axis`), in
-    batches, with `seed`'s generator each time, so every cell gets the interval its own
-    call would (the same draws; tested). Below MIN_RUNS runs no CI."""
-    from scipy import stats as scipy_stats
-
-    found: list[MedianCI | None] = [None] * len(samples)
-    by_runs: dict[int, list[tuple[int, np.ndarray]]] = {}
-    for i, runs in enumerate(samples):
-        medians = np.array([run_median(r) for r in _runs(runs, "measured")])
-        center, n = float(np.median(medians)), len(medians)
-        if n < MIN_RUNS or np.ptp(medians) == 0:
-            bound = None if n < MIN_RUNS else center
-            found[i] = MedianCI(median=center, low=bound, high=bound, runs=n)
-        else:
-            by_runs.setdefault(n, []).append((i, medians))
-    for n, cells in by_runs.items():
-        for start in range(0, len(cells), MEDIAN_CI_BATCH):
-            batch = cells[start:start + MEDIAN_CI_BATCH]
-            interval = scipy_stats.bootstrap(
-                (np.stack([m for _, m in batch]),), np.median, axis=-1,
-                confidence_level=CONFIDENCE, n_resamples=RESAMPLES, method="percentile",
-                random_state=np.random.default_rng(seed)).confidence_interval
-            for k, (i, medians) in enumerate(batch):
-                found[i] = MedianCI(median=float(np.median(medians)),
-                                    low=float(interval.low[k]), high=float(interval.high[k]),
-                                    runs=n)
-    return found
+            and abs(mean_b - mean_a) >= default_min_effect(backend) * step)
 
 
 def run_median(run: np.ndarray | Sequence[float]) -> float:
@@ -421,80 +493,6 @@ def run_median(run: np.ndarray | Sequence[float]) -> float:
     return float(statistics.median(run.tolist() if isinstance(run, np.ndarray) else run))
 
 
-def cv(samples: Sequence[float]) -> float:
-    """Sample standard deviation / mean (0 for fewer than 2 samples)."""
-    array = np.asarray(samples, np.float64)
-    if len(array) < 2 or not array.mean():
-        return 0.0
-    return float(array.std(ddof=1) / array.mean())
-
-
-def _worst_cv(arrays: list[np.ndarray]) -> float:
-    """max(cv(r) for r in arrays); runs of equal length at once, as one array (row by row
-    the same sums as one run alone: the same value)."""
-    if len(arrays) > 1 and len({len(r) for r in arrays}) == 1 and len(arrays[0]) > 1:
-        steps = np.stack(arrays)
-        means = steps.mean(axis=1)
-        if means.all():
-            return float((steps.std(axis=1, ddof=1) / means).max())
-    return max(cv(r) for r in arrays)
-
-
-def warnings(runs: Runs) -> list[str]:
-    """Instability warnings for one cell's runs (empty when stable)."""
-    found = []
-    arrays = _runs(runs, "measured")
-    worst = _worst_cv(arrays)
-    if worst > MAX_CV:
-        found.append(f"unstable steps: CV {worst:.0%} > {MAX_CV:.0%} in a run")
-    medians = np.array([run_median(r) for r in arrays])
-    if len(medians) > 1:
-        spread = float(np.ptp(medians) / np.median(medians))
-        if spread > MAX_RUN_SPREAD:
-            found.append(f"runs disagree: medians {medians.min():.3g}-{medians.max():.3g} ms "
-                         f"({spread:.0%} spread > {MAX_RUN_SPREAD:.0%})")
-    return found
-
-
-MAX_STEAL = 0.02
-"""Share of CPU time stolen by the hypervisor during a window above which it is flagged."""
-MAX_OTHER_LOAD = 0.10
-"""Share of the machine's CPU time other processes kept busy during a window above which
-it is flagged (measured here: a cell sharing the 2-core VM with one other cell process ran
-up to 2x slower)."""
-MAX_PROBE_SPREAD = 0.35
-"""(max - min) / median of a cell's runs' fastest fixed-work probes above which the
-machine's speed is said to have changed between runs. The probe spreads by itself: on an
-idle 2-core VM the fastest of a run's 6 probes ranged 8.66-10.77 ms over 10 runs (23%) and
-8.63-11.50 ms over 16 (32%), so only more than that is flagged."""
-
-
 def busy(other_loads: Sequence[float | None]) -> bool:
     """Did any run share the machine with other processes beyond `MAX_OTHER_LOAD`?"""
     return any(x is not None and x > MAX_OTHER_LOAD for x in other_loads)
-
-
-def machine_warnings(probes: Sequence[Sequence[float]], steals: Sequence[float | None],
-                     other_loads: Sequence[float | None] = ()) -> list[str]:
-    """'The machine was noisy' warnings for one cell's runs, from readings no arm's code can
-    change: other processes busy for more than `MAX_OTHER_LOAD` of the machine's CPU during
-    a run; hypervisor steal above `MAX_STEAL`; and the fixed-work probe
-    (harness.measure.timing.probe_ms), whose fastest reading of each run disagrees across runs by
-    more than `MAX_PROBE_SPREAD` when the machine's speed changed between them."""
-    found = []
-    busiest = max((x for x in other_loads if x is not None), default=None)
-    if busiest is not None and busiest > MAX_OTHER_LOAD:
-        found.append(f"machine busy: other processes used {busiest:.0%} of its CPU during "
-                     "a run")
-    stolen = max((x for x in steals if x is not None), default=None)
-    if stolen is not None and stolen > MAX_STEAL:
-        found.append(f"machine noisy: the hypervisor took {stolen:.1%} of CPU time during "
-                     "a run (steal)")
-    fastest = np.array([min(p) for p in probes if len(p)])
-    if len(fastest) > 1:
-        spread = float(np.ptp(fastest) / np.median(fastest))
-        if spread > MAX_PROBE_SPREAD:
-            found.append(f"machine noisy: the fixed-work probe's best took "
-                         f"{fastest.min():.2f}-{fastest.max():.2f} ms across runs "
-                         f"({spread:.0%} spread)")
-    return found

@@ -23,9 +23,9 @@ import pandas as pd
 from reports import baseline, stats
 from reports.parity import PASS, TOLERANCE_RULE
 from reports.tables import (
-    ARM_VIEW,
     MISSING,
     SHAPE,
+    arm_view,
     by_shape,
     failed,
     fails_parity,
@@ -197,13 +197,22 @@ def fastest(frame: pd.DataFrame, group: pd.DataFrame, baseline_arm: str
     leader, runner_up = exact_arms[0], exact_arms[1]
     for other in exact_arms[1:]:
         c = speedup(frame, leader, other["arm"])
-        if c is None or ARM_VIEW[stats.verdict(c)] != "faster":
+        if c is None or stats.verdict(c) != stats.SLOWER:  # the other arm is not slower
             closest = speedup(frame, leader, runner_up["arm"])
             noise = f"noise {closest.mde:.0%}" if closest else "no comparison"
             return None, (f"no timing verdict ({noise}: {leader['arm']} vs "
                           f"{runner_up['arm']} {closest.ratio:.2f}x, "
-                          f"{ARM_VIEW[stats.verdict(closest)]})" if closest else noise)
+                          f"{arm_view(closest)})" if closest else noise)
     return leader["arm"], f"{leader['arm']} is faster than every other arm beyond noise"
+
+
+def timing_rule(frame: pd.DataFrame, baseline_arm: str) -> str:
+    """' Used here: <minimum effect and process spread>.' of the speedups against the
+    baseline (stats.rule), or '' where there are none."""
+    found = [c for _, r in frame.iterrows() if r["arm"] != baseline_arm
+             and (c := speedup(frame, r, baseline_arm)) is not None]
+    used = stats.rule(found)
+    return f" Used here: {used}." if used else ""
 
 
 def _shape_rows(frame: pd.DataFrame, label: str, group: pd.DataFrame, baseline_arm: str
@@ -283,9 +292,9 @@ def summary(df: pd.DataFrame, baseline_arm: str, how: str = "",
         "gradient; an arm that fails is still timed, but its time is not comparable work.",
         gradient_parity(frame) if len(frame) else "No checked cells.",
         "**Timing**. Speedup = median ms/step of the baseline / median of the arm: above "
-        "1.00x the arm is faster; [95% CI] and verdict by reports.stats (a verdict needs "
-        f"{stats.MIN_EFFECT:.0%}+ and a CI clear of 1.00 and of the process-spread bound "
-        "where rounds are few). The fastest is named only where its lead is a verdict.",
+        "1.00x the arm is faster; [95% CI] and verdict by reports.stats, said from the "
+        f"arm's side. {stats.LEGEND}{timing_rule(frame, baseline_arm)} The fastest is "
+        "named only where its lead is faster.",
         markdown(["shape", "arm", "median ms", f"speedup vs {baseline_arm} [95% CI]",
                   "verdict"], rows) if rows else "No timed cells.",
     ]

@@ -125,9 +125,12 @@ def same_shape(df: pd.DataFrame, row, arm: str) -> pd.DataFrame:
     return same
 
 
-ARM_VIEW = {stats.SLOWER: "faster", stats.FASTER: "slower", stats.SAME: "within noise",
-            stats.TOO_FEW: "too few samples"}
-"""stats.verdict of (old = the arm, new = the other arm), said from the arm's side."""
+def arm_view(c: stats.Comparison) -> str:
+    """stats.label of (old = the arm, new = the other arm), said from the arm's side: the
+    other arm slower is the arm faster; the other labels read the same from either side
+    (the speedup beside them says which way)."""
+    return {stats.SLOWER: "faster", stats.FASTER: "slower"}.get(stats.verdict(c),
+                                                                 stats.label(c))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -146,14 +149,16 @@ def speedup(df: pd.DataFrame, row, other_arm: str) -> stats.Comparison | None:
     if same.empty:
         return None
     other = same.iloc[0]
+    busy = bool(row.get("busy")) or bool(other.get("busy"))
+    backend = stats.one_backend([row.get("backend"), other.get("backend")])
     if row["slices"] and other["slices"] and row["round_ids"] == other["round_ids"]:
         # Timed in the same processes, in alternating slices: slice pairs.
-        return _compare_slices(_frozen(row["slices"]), _frozen(other["slices"]))
+        return _compare_slices(_frozen(row["slices"]), _frozen(other["slices"]), busy,
+                               backend)
     # Rounds of one run ran interleaved (this arm's round r next to the other's): pairs.
     paired = [run for run, _ in other["round_ids"]] == [run for run, _ in row["round_ids"]]
     return _compare(tuple(map(tuple, row["runs"])), tuple(map(tuple, other["runs"])), paired,
-                    bool(row.get("busy")) or bool(other.get("busy")),
-                    stats.one_backend([row.get("backend"), other.get("backend")]))
+                    busy, backend)
 
 
 def _frozen(slices) -> tuple:
@@ -161,8 +166,9 @@ def _frozen(slices) -> tuple:
 
 
 @functools.lru_cache(maxsize=1024)
-def _compare_slices(arm_slices: tuple, other_slices: tuple) -> stats.Comparison:
-    return stats.compare_slices(arm_slices, other_slices)
+def _compare_slices(arm_slices: tuple, other_slices: tuple, busy: bool = False,
+                    backend: str | None = None) -> stats.Comparison:
+    return stats.compare_slices(arm_slices, other_slices, busy=busy, backend=backend)
 
 
 def speedup_text(df: pd.DataFrame, row, other_arm: str) -> tuple[str, str]:
@@ -176,7 +182,7 @@ def speedup_text(df: pd.DataFrame, row, other_arm: str) -> tuple[str, str]:
     if c is None:
         return MISSING, ""
     text = f"{c.ratio:.2f}x [{c.low:.2f}, {c.high:.2f}]"
-    return text, "" if not_comparable(df, row, other_arm) else ARM_VIEW[stats.verdict(c)]
+    return text, "" if not_comparable(df, row, other_arm) else arm_view(c)
 
 
 def verdict_of(row) -> ParityVerdict | None:
@@ -380,17 +386,21 @@ def noise(df: pd.DataFrame, baseline_arm: str) -> str:
     frame = by_shape(ok(df))
     rows = [(shape_label(r), r["arm"], r["rounds"], _f(r["cv"], ".3f"), len(r["step_ms"]),
              "; ".join(r["warnings"]) or MISSING) for _, r in frame.iterrows()]
-    within = []
+    within, judged = [], []
     for _, r in frame.iterrows():
         ratio, verdict = speedup_text(frame, r, baseline_arm)
-        if verdict in ("within noise", "too few samples"):
+        c = speedup(frame, r, baseline_arm) if r["arm"] != baseline_arm else None
+        if c is not None and verdict and verdict not in ("faster", "slower"):
+            judged.append(c)
             within.append(f"- {shape_label(r)}: {r['arm']} vs {baseline_arm} {ratio}: "
                           f"{verdict}")
     text = markdown(["shape", "arm", "rounds", "worst CV in a round", "timed steps",
                      "instability"], rows)
-    text += ("\n\nNo verdict (CI includes 1.00x, the difference is under "
-             f"{stats.MIN_EFFECT:.0%}, or too few rounds of {stats.MIN_STEPS}+ steps for 95% to "
-             "be reachable):\n" + ("\n".join(within) if within else "- none"))
+    used = stats.rule(judged)
+    text += ("\n\nNo faster or slower (the CI includes 1.00x, the difference is under the "
+             f"minimum effect, or too few rounds of {stats.MIN_STEPS}+ steps for 95% to be "
+             "reachable)" + (f"; used here: {used}" if used else "") + ":\n"
+             + ("\n".join(within) if within else "- none"))
     recompiled = recompiles(frame)
     text += ("\n\nCells that compiled after warmup (their timings include compilation; a "
              "trainer that recompiles mid-run):\n"

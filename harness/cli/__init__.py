@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from harness.cli.command import Command, Parser
-from harness.cli.grid_commands import AB, Launch, Nightly, Plan, Run, SelftestError
+from harness.cli.grid_commands import AB, Bisect, Launch, Nightly, Plan, Run, SelftestError
 from harness.cli.stored import (
     Arms,
     Compare,
@@ -26,7 +26,7 @@ from harness.cli.stored import (
 from harness.cli.watch import Stopped
 
 COMMANDS: tuple[type[Command], ...] = (Selftest, Env, Arms, Run, Plan, Launch, Nightly, AB,
-                                        Compare, Explain, Report, Publish, Trace)
+                                        Bisect, Compare, Explain, Report, Publish, Trace)
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from harness.cli.command import Command, Parser, check_fraction
 from harness.cli.grid_args import add_grid_arguments, request
-from harness.cli.watch import Progress, Stopped
+from harness.cli.watch import Progress, Stopped, stopped_keeps
 from harness.contract import IN_PROCESS, LOCKSTEP, PROCESSES
 
 
@@ -214,7 +214,9 @@ class Nightly(Command):
         add_grid_arguments(parser)
         parser.add_argument("--history", type=Path, required=True, help="history directory")
         parser.add_argument("--threshold", type=float,
-                            help="relative slowdown that counts (default: suite's, else 0.05)")
+                            help="relative slowdown that counts (default: the suite's "
+                                 "regression_threshold, else the backend's minimum effect: "
+                                 "1%% where every run is on a TPU, else 5%%)")
         parser.add_argument("--report", type=Path, help="where nightly.md and plots go")
         parser.add_argument("--plan", action="store_true",
                             help="also plan every cell for the suite's target (or --target) "
@@ -243,55 +245,147 @@ class Nightly(Command):
         return code
 
 
+def _ab_arguments(parser: argparse.ArgumentParser, out: str) -> None:
+    """The options `ab` and `bisect` share (besides the grid's)."""
+    add_grid_arguments(parser)
+    parser.add_argument("--threshold", type=float,
+                        help="minimum effect: the smallest relative difference called slower "
+                             "or faster (default: the backend's, 1%% where every run is on a "
+                             "TPU, else 5%%; docs/numbers.md)")
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="allow uncommitted changes (HEAD is measured as committed)")
+    parser.add_argument("--out", type=Path, default=Path(out), help="results dir")
+    parser.add_argument("--pairing", choices=[LOCKSTEP, PROCESSES],
+                        help="lockstep (the default on CPU): A's and B's processes of a "
+                             "round side by side, their steps alternating in --slices "
+                             "slices (both refs need a worker that speaks lockstep); "
+                             "processes (the default on an accelerator, where one process "
+                             "at a time holds the chip): one after the other")
+    parser.add_argument("--slices", type=int,
+                        help="lockstep: slices the timed steps are cut into (default 5)")
+
+
+def _ab_extra(args: argparse.Namespace) -> list[str]:
+    """The A/B options given, as a command line repeats them."""
+    found = []
+    for flag, value in (("--threshold", args.threshold), ("--pairing", args.pairing),
+                        ("--slices", args.slices)):
+        if value is not None:
+            found += [flag, str(value)]
+    return found
+
+
+def _stack(python: str | None, site: str | None):
+    from harness.orchestrator.refs import Stack
+
+    return Stack(python=python, site=site)
+
+
 class AB(Command):
     name = "ab"
-    help = "A/B two git refs: the same cells, interleaved round by round"
+    help = "A/B two git refs (or two software stacks): the same cells, interleaved"
     description = ("Checks out REF_A and REF_B as git worktrees and runs every cell from "
                    "each, A's and B's processes side by side in lockstep (or one after the "
-                   "other), for --rounds rounds; reports the ratio of "
-                   "medians with a 95%% CI, a verdict, the minimum detectable effect and any "
-                   "change in the exact cost metrics. Exit 1 when B is slower beyond noise or "
-                   "costs more (unless --no-fail), 2 on bad input. `parity ab HEAD HEAD` "
-                   "measures the noise floor.")
+                   "other), for --rounds rounds, each side in this Python environment or in "
+                   "its own (--python-a/-b, --site-a/-b: a jax, flax, optax or libtpu "
+                   "upgrade gated like a commit); reports the ratio of medians with a 95%% "
+                   "CI, a verdict, the minimum detectable effect and any change in the exact "
+                   "cost metrics. Exit 1 when B is slower beyond noise or costs more (unless "
+                   "--no-fail), 2 on bad input. `parity ab HEAD HEAD` measures the noise "
+                   "floor.")
 
     @classmethod
     def setup(cls, parser):
         parser.add_argument("ref_a")
         parser.add_argument("ref_b")
-        add_grid_arguments(parser)
-        parser.add_argument("--threshold", type=float, default=0.05,
-                            help="smallest relative difference that earns a verdict (0.05)")
-        parser.add_argument("--allow-dirty", action="store_true",
-                            help="allow uncommitted changes (HEAD is measured as committed)")
+        _ab_arguments(parser, "results/ab")
         parser.add_argument("--no-fail", action="store_true",
                             help="exit 0 even when B is slower or costs more")
-        parser.add_argument("--out", type=Path, default=Path("results/ab"), help="results dir")
-        parser.add_argument("--pairing", choices=[LOCKSTEP, PROCESSES],
-                            help="lockstep (the default on CPU): A's and B's processes of a "
-                                 "round side by side, their steps alternating in --slices "
-                                 "slices (both refs need a worker that speaks lockstep); "
-                                 "processes (the default on an accelerator, where one process "
-                                 "at a time holds the chip): one after the other")
-        parser.add_argument("--slices", type=int,
-                            help="lockstep: slices the timed steps are cut into (default 5)")
+        for side in "ab":
+            parser.add_argument(f"--python-{side}", metavar="PYTHON",
+                                help=f"side {side.upper()}'s cells run in this Python "
+                                     "interpreter (its own site-packages), e.g. another "
+                                     "venv's bin/python")
+            parser.add_argument(f"--site-{side}", metavar="DIR",
+                                help=f"side {side.upper()}'s cells import the packages in DIR "
+                                     "first (pip install --target DIR jax==... flax==...)")
 
     @classmethod
     def run(cls, args):
         from harness.jobs import ab
         from harness.store.layout import OutDir
 
-        check_fraction(args.threshold)
+        if args.threshold is not None:
+            check_fraction(args.threshold)
         wanted = request(args, args.out)
         options = check(wanted, defaults={"rounds": ab.ROUNDS, "steps": ab.STEPS,
                                           "trace": False})
+        stacks = {"A": _stack(args.python_a, args.site_a),
+                  "B": _stack(args.python_b, args.site_b)}
         result = ab.ab(args.ref_a, args.ref_b, wanted, options, pairing=args.pairing,
                        slices=args.slices or ab.SLICES, allow_dirty=args.allow_dirty,
                        min_effect=args.threshold,
+                       stacks={side: stack for side, stack in stacks.items() if stack},
                        watch=Progress(kept_in=args.out, also_kept="worktrees removed"))
-        rounds = options["rounds"]
-        text = ab.markdown(args.ref_a, args.ref_b, result, rounds, args.threshold)
+        text = ab.markdown(args.ref_a, args.ref_b, result, options["rounds"])
         out = OutDir(args.out)
         out.root.mkdir(parents=True, exist_ok=True)
         out.ab_markdown.write_text(text)
         print(text)
         return 1 if result.slower and not args.no_fail else 0
+
+
+class Bisect(Command):
+    name = "bisect"
+    help = "find the first commit after GOOD whose cell is slower than GOOD's"
+    description = ("A binary search over BAD's first-parent history after GOOD: each step an "
+                   "A/B (as `parity ab`: worktrees and compile caches kept across steps) of "
+                   "one commit against GOOD at the one cell given, until the first commit "
+                   "slower beyond noise by at least the minimum effect is found; then what "
+                   "differs between it and its parent, and the `parity ab` line that "
+                   "reproduces it. Exit 0 when a commit is named, 1 when BAD is not slower "
+                   "(or a step's cell failed), 2 on bad input.")
+
+    @classmethod
+    def setup(cls, parser):
+        parser.add_argument("good", help="a commit whose cell is not slower")
+        parser.add_argument("bad", help="a later commit whose cell is slower")
+        _ab_arguments(parser, "results/bisect")
+        parser.add_argument("--python", metavar="PYTHON",
+                            help="every step's cells run in this Python interpreter")
+        parser.add_argument("--site", metavar="DIR",
+                            help="every step's cells import the packages in DIR first")
+
+    @classmethod
+    def run(cls, args):
+        from harness.jobs import ab
+        from harness.jobs import bisect as bisect_job
+        from harness.store.layout import OutDir
+
+        if args.threshold is not None:
+            check_fraction(args.threshold)
+        wanted = request(args, args.out)
+        options = check(wanted, defaults={"rounds": ab.ROUNDS, "steps": ab.STEPS,
+                                          "trace": False})
+        stack = _stack(args.python, args.site)
+        extra = _ab_extra(args) + [arg for side in "ab" for flag, value in (
+            (f"--python-{side}", args.python), (f"--site-{side}", args.site))
+            if value for arg in (flag, value)]
+
+        def on_step(step, most):
+            print(f"parity bisect: step {step.number} (of at most {most}): {step.line()}",
+                  flush=True)
+
+        progress = Progress(kept_in=args.out, also_kept="worktrees removed")
+        with stopped_keeps(progress.kept):
+            found = bisect_job.bisect(
+                args.good, args.bad, wanted, options, pairing=args.pairing,
+                slices=args.slices or ab.SLICES, allow_dirty=args.allow_dirty,
+                min_effect=args.threshold, stack=stack or None, watch=progress,
+                on_step=on_step)
+        text = bisect_job.markdown(args.good, args.bad, found, wanted, extra)
+        out = OutDir(args.out)
+        out.root.mkdir(parents=True, exist_ok=True)
+        out.bisect_markdown.write_text(text)
+        print(text)
+        return 0 if found.first is not None else 1

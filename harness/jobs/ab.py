@@ -1,17 +1,25 @@
 """`parity ab REF_A REF_B`: the same cells from two git refs, interleaved round by round.
 
 Each ref is checked out as a detached git worktree (harness.orchestrator.refs); its cells
-run in the current Python environment with the worktree first on the path, through the
-worker that ref has. By default the two refs' processes of a cell run side by side in
-lockstep, their steps alternating in slices (harness.orchestrator.lockstep); with
-`--pairing processes`, A's and B's processes of a round run one after the other (A B in even
-rounds, B A in odd ones). `parity ab HEAD HEAD` is the A/A run: it measures the noise floor.
+run with the worktree first on the path, through the worker that ref has, in the current
+Python environment or in the software stack given for its side (its own interpreter or site
+directory: a jax, flax, optax or libtpu upgrade is then one side of the A/B, like a
+commit). By default the two refs' processes of a cell run side by side in lockstep, their
+steps alternating in slices (harness.orchestrator.lockstep); with `--pairing processes`,
+A's and B's processes of a round run one after the other (A B in even rounds, B A in odd
+ones). `parity ab HEAD HEAD` is the A/A run: it measures the noise floor.
+
+`Session` is what the A/Bs of one command share (the grid, the pairing, the worktrees and a
+compile cache per commit and stack): `parity ab` runs one A/B in it, `parity bisect`
+(harness.jobs.bisect) one per step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from harness.contract import CAPTURE_PROTOCOL, LOCKSTEP, PROCESSES
@@ -21,10 +29,17 @@ from harness.jobs.grid import Grid, Request, Watch, quiet, traced
 from harness.orchestrator.executors import CellProcesses
 from harness.orchestrator.lockstep import LockstepPairs
 from harness.orchestrator.loop import Sink, Slot, Task, run_tasks, schedule
-from harness.orchestrator.refs import Ref, check_clean, check_repo, checked_out, resolve
+from harness.orchestrator.refs import (
+    Ref,
+    Stack,
+    Worktrees,
+    check_clean,
+    check_repo,
+    check_stack,
+    resolve,
+)
 from harness.store.layout import OutDir, RunStore, new_run_id
 from harness.system.reaper import REAPER
-from reports import stats
 from reports.compare import CellComparison, compare_sets, regressions
 from reports.compare import markdown as compare_markdown
 from reports.record import ABTag, Record
@@ -38,6 +53,8 @@ the next process's (6-15%), against a 1-3% standard error of one process's media
 steps, so rounds buy far more than steps; lockstep pairs slices seconds apart, which halves
 the CI's width against processes one after the other. The measured MDEs and wall times of
 both are in docs/numbers.md ("Lockstep A/B")."""
+STACK_FLAGS = {"A": ("--python-a", "--site-a"), "B": ("--python-b", "--site-b")}
+"""The options that give each side its software stack (harness.cli)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -50,11 +67,19 @@ class ABResult:
     shas: dict[str, str]
     lockstep_slices: int = 0
     """The slices of each lockstep round; 0: A's and B's processes ran one after the other."""
+    stacks: dict[str, Stack] = dataclasses.field(default_factory=dict)
+    """The software stack of each side given one (the others ran in this environment)."""
 
     @property
     def slower(self) -> bool:
         """B is slower than A beyond noise in some cell, or costs more in one."""
         return bool(regressions(self.rows))
+
+    def versions(self, side: str) -> dict[str, str | None]:
+        """The package versions side `side`'s cells recorded (its first record that has an
+        environment; {} where none has)."""
+        return next((dict(r.environment.versions) for r in self.records[side]
+                     if r.environment is not None), {})
 
 
 def pairing_for(environment: dict, asked: str | None) -> str:
@@ -95,44 +120,110 @@ def check(options: dict, pairing: str, slices: int) -> None:
         grid_options.check_slices(slices, options["steps"])
 
 
-def ab(ref_a: str, ref_b: str, request: Request, options: dict, *,
-       pairing: str | None = None, slices: int = SLICES, allow_dirty: bool = False,
-       min_effect: float = stats.MIN_EFFECT, watch: Watch = quiet) -> ABResult:
-    """Runs each cell of `options` from both refs, `rounds` times (schedule's order), A and
-    B of a round side by side in lockstep or back to back (`pairing`; None: `pairing_for`
-    the backend); the rounds (and, in lockstep, the slices inside them) are then compared
-    as pairs. Bad input fails before any process but git's and the device probe: a
-    repository that is not a checkout, an unknown ref, a ref naming a HEAD with uncommitted
-    changes (unless `allow_dirty`), the pairing, rounds and slicing; a ref whose worker
-    cannot time in lockstep is refused once checked out. Records go to OUT/<ab id>-A.jsonl
-    and -B.jsonl."""
-    precheck(options, pairing, slices)
-    check_repo()
-    shas = {"A": resolve(ref_a), "B": resolve(ref_b)}
-    check_clean([ref_a, ref_b], allow_dirty=allow_dirty)
+class Session:
+    """What the A/Bs of one command share: the checked grid, the pairing, a temp dir (the
+    reaper removes it should this process be killed), the worktrees (one per commit) and a
+    store per commit and stack (its compile caches: a commit's later A/Bs load what its
+    first one compiled). Made by `session`."""
+
+    def __init__(self, grid: Grid, pairing: str, slices: int, tmp: Path, trees: Worktrees):
+        self.grid, self.pairing, self.slices = grid, pairing, slices
+        self.tmp, self.trees = tmp, trees
+        self._stores: dict[tuple[str, Stack], RunStore] = {}
+
+    def _store(self, ref: Ref) -> RunStore:
+        """The store of `ref`'s commit in its stack, made when first asked for."""
+        key = (ref.sha, ref.stack)
+        if key not in self._stores:
+            root = self.tmp / f"store-{len(self._stores)}"
+            root.mkdir()
+            self._stores[key] = RunStore(root)
+        return self._stores[key]
+
+    def _sink(self, ref: Ref, ab_id: str) -> Sink:
+        """Where one side's records go: OUT/<ab id>-<side>.jsonl, its cells sharing the
+        compile caches of its commit and stack (the refs' programs may differ). A worker
+        that dies before recording its environment gets the probe's, with the side's
+        commit (and, in a stack of its own, no versions: they are the stack's, unknown
+        here), so its failure is compared in its cell's row like the other side's runs."""
+        run_id = f"{ab_id}-{ref.side}"
+        stand_in = {**self.grid.environment, "git_sha": ref.sha, "git_dirty": False,
+                    **({"versions": {}} if ref.stack else {})}
+        return Sink(path=OutDir(self.grid.out.root).results(run_id), run_id=run_id,
+                    store=self._store(ref), env=ref.env(self.grid.env), cwd=ref.tree,
+                    ab=ABTag(side=ref.side, sha=ref.sha), environment=stand_in,
+                    worker_module=ref.protocol.worker_module, python=ref.stack.python)
+
+    def ab(self, ab_id: str, shas: dict[str, str], *, stacks: dict[str, Stack] | None = None,
+           min_effect: float | None = None, watch: Watch = quiet) -> ABResult:
+        """B against A: each cell of the grid from both commits (in their stacks), `rounds`
+        times (schedule's order), A and B of a round side by side in lockstep or back to
+        back; the rounds (and, in lockstep, the slices inside them) compared as pairs, at
+        `min_effect` (None: the backend's). Records go to OUT/<ab id>-A.jsonl and -B.jsonl.
+        A ref whose worker times other work (`check_times_trainer`) or cannot time in
+        lockstep is refused once checked out."""
+        stacks = {side: stack for side, stack in (stacks or {}).items() if stack}
+        refs = {side: self.trees.ref(side, sha, stacks.get(side, Stack()))
+                for side, sha in shas.items()}
+        lockstep = self.pairing == LOCKSTEP
+        check_times_trainer(refs)
+        if lockstep:
+            check_lockstep(refs)
+        sinks = {side: self._sink(ref, ab_id) for side, ref in refs.items()}
+        tasks = side_tasks(self.grid, sinks, lockstep=lockstep)
+        executor = (LockstepPairs(timeout_s=self.grid.timeout_s, slices=self.slices)
+                    if lockstep else
+                    # One cell per process and side; an older ref has no zygote.
+                    CellProcesses(timeout_s=self.grid.timeout_s, prefork=False))
+        with watch(self.grid, 2 * len(self.grid.cells) * self.grid.rounds) as (on_start,
+                                                                               on_record):
+            found = run_tasks(tasks, executor, on_start=on_start, on_record=on_record)
+        records: dict[str, list[Record]] = {"A": [], "B": []}
+        for record in found:
+            records[record.ab.side].append(record)
+        rows = compare_sets(records["A"], records["B"], paired=True, min_effect=min_effect,
+                            across_stacks=bool(stacks))
+        return ABResult(records=records, rows=rows, shas=dict(shas),
+                        lockstep_slices=self.slices if lockstep else 0, stacks=stacks)
+
+
+@contextlib.contextmanager
+def session(request: Request, options: dict, *, pairing: str | None,
+            slices: int) -> Iterator[Session]:
+    """The grid of `options` (its device probe run), the pairing on its backend
+    (`pairing_for`, checked), and the temp dir and worktrees of its A/Bs, all removed on
+    the way out (on a stop too)."""
     grid = Grid(request, options)
     pairing = pairing_for(grid.environment, pairing)
     check(options, pairing, slices)
-    ab_id = new_run_id("ab-")
     with tempfile.TemporaryDirectory(prefix="parity-ab-") as tmp, \
-            REAPER.watch("path", path=tmp), checked_out(shas, Path(tmp)) as refs:
-        check_times_trainer(refs)
-        if pairing == LOCKSTEP:
-            check_lockstep(refs)
-        sinks = {side: _sink(ref, grid, ab_id, Path(tmp)) for side, ref in refs.items()}
-        tasks = side_tasks(grid, sinks, lockstep=pairing == LOCKSTEP)
-        executor = (LockstepPairs(timeout_s=grid.timeout_s, slices=slices)
-                    if pairing == LOCKSTEP else
-                    # One cell per process and side; an older ref has no zygote.
-                    CellProcesses(timeout_s=grid.timeout_s, prefork=False))
-        with watch(grid, 2 * len(grid.cells) * grid.rounds) as (on_start, on_record):
-            found = run_tasks(tasks, executor, on_start=on_start, on_record=on_record)
-    records: dict[str, list[Record]] = {"A": [], "B": []}
-    for record in found:
-        records[record.ab.side].append(record)
-    rows = compare_sets(records["A"], records["B"], paired=True, min_effect=min_effect)
-    return ABResult(records=records, rows=rows, shas=shas,
-                    lockstep_slices=slices if pairing == LOCKSTEP else 0)
+            REAPER.watch("path", path=tmp), Worktrees(Path(tmp)) as trees:
+        yield Session(grid, pairing, slices, Path(tmp), trees)
+
+
+def check_stacks(stacks: dict[str, Stack]) -> None:
+    """Each side's stack, before anything runs (refs.check_stack, naming `STACK_FLAGS`)."""
+    for side, stack in stacks.items():
+        check_stack(stack, *STACK_FLAGS[side])
+
+
+def ab(ref_a: str, ref_b: str, request: Request, options: dict, *,
+       pairing: str | None = None, slices: int = SLICES, allow_dirty: bool = False,
+       min_effect: float | None = None, stacks: dict[str, Stack] | None = None,
+       watch: Watch = quiet) -> ABResult:
+    """Runs each cell of `options` from both refs (`Session.ab`), each side in its stack
+    where `stacks` names one. Bad input fails before any process but git's, the stacks'
+    interpreters and the device probe: a repository that is not a checkout, an unknown ref,
+    a ref naming a HEAD with uncommitted changes (unless `allow_dirty`), an interpreter that
+    does not run or a site directory that is not there, the pairing, rounds and slicing."""
+    precheck(options, pairing, slices)
+    check_stacks(stacks or {})
+    check_repo()
+    shas = {"A": resolve(ref_a), "B": resolve(ref_b)}
+    check_clean([ref_a, ref_b], allow_dirty=allow_dirty)
+    with session(request, options, pairing=pairing, slices=slices) as runs:
+        return runs.ab(new_run_id("ab-"), shas, stacks=stacks, min_effect=min_effect,
+                       watch=watch)
 
 
 def check_times_trainer(refs: dict[str, Ref]) -> None:
@@ -158,17 +249,6 @@ def check_lockstep(refs: dict[str, Ref]) -> None:
                              f"{PROCESSES}")
 
 
-def _sink(ref: Ref, grid: Grid, ab_id: str, tmp: Path) -> Sink:
-    """Where one side's records go: OUT/<ab id>-<side>.jsonl, its cells sharing a compile
-    cache of their own (the refs' programs may differ)."""
-    run_id = f"{ab_id}-{ref.side}"
-    store = tmp / f"store-{ref.side}"
-    store.mkdir()
-    return Sink(path=OutDir(grid.out.root).results(run_id), run_id=run_id,
-                store=RunStore(store), env=ref.env(grid.env), cwd=ref.tree,
-                ab=ABTag(side=ref.side, sha=ref.sha), worker_module=ref.protocol.worker_module)
-
-
 def side_tasks(grid: Grid, sinks: dict[str, Sink], *, lockstep: bool) -> list[Task]:
     """Per scheduled cell, A's and B's slots (A first in even rounds, B first in odd ones):
     one task of both in lockstep, else a task each."""
@@ -181,15 +261,34 @@ def side_tasks(grid: Grid, sinks: dict[str, Sink], *, lockstep: bool) -> list[Ta
     return tasks
 
 
-def markdown(ref_a: str, ref_b: str, result: ABResult, rounds: int,
-             min_effect: float = stats.MIN_EFFECT) -> str:
+def stack_lines(result: ABResult) -> list[str]:
+    """Each side's software, where the sides ran in different stacks or recorded different
+    package versions: the stack given and the versions its records carry (those that differ
+    from the other side's first)."""
+    versions = {side: result.versions(side) for side in ("A", "B")}
+    if not result.stacks and versions["A"] == versions["B"]:
+        return []
+    lines = []
+    for side in ("A", "B"):
+        mine, theirs = versions[side], versions["B" if side == "A" else "A"]
+        named = sorted(mine, key=lambda pkg: (mine.get(pkg) == theirs.get(pkg), pkg))
+        listed = ", ".join(f"{pkg} {mine[pkg] or 'absent'}" for pkg in named)
+        given = result.stacks.get(side)
+        lines.append(f"- {side}: {given.describe() if given else 'this environment'}; "
+                     f"recorded versions: {listed or 'none (no cell recorded its own)'}")
+    return ["Software stacks (each side's records carry the versions it ran):", *lines, ""]
+
+
+def markdown(ref_a: str, ref_b: str, result: ABResult, rounds: int) -> str:
     how = (f"A's and B's processes side by side, their steps alternating in "
            f"{result.lockstep_slices} slices (A B, then B A, ...); rounds, then the slice "
            "pairs inside them, are resampled as pairs." if result.lockstep_slices else
            "A and B back to back (A B, then B A, ...); rounds are resampled as pairs.")
     head = [f"## A/B: {ref_a} (A, {result.shas['A'][:10]}) vs {ref_b} "
             f"(B, {result.shas['B'][:10]})", "",
-            f"{rounds} interleaved rounds, each cell in its own process, {how}", ""]
-    table = compare_markdown(result.rows, old_label="A", new_label="B", min_effect=min_effect)
+            f"{rounds} interleaved rounds, each cell in its own process, {how}", "",
+            *stack_lines(result)]
+    table = compare_markdown(result.rows, old_label="A", new_label="B")
     changed = what_changed(result.rows)
-    return "\n".join(head) + table + (f"\n{changed}" if changed else "")
+    return "\n".join(head) + "\n" + table + (f"\n{changed}" if changed else "")
+

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from harness.measure import trace, trace_diff
 from harness.xla import categories
-from reports import movers
+from reports import cause, movers
+from reports.compare import Cell, compare_cells, regressions
 from reports.movers import FIGURES, Explanation, Totals, markdown, to_json
 from reports.record import Record, cell_name, read_dir
 
@@ -54,7 +55,7 @@ def per_step(record: Record) -> dict[str, Totals]:
 
 
 def explain(a: Record, b: Record) -> Explanation:
-    """What changed between two records of one cell, by operation category (per_step: as
+    """What differs between two records of one cell, by operation category (per_step: as
     the records carry it, else from the HLO a plan kept)."""
     return movers.explain(a, b, per_step)
 
@@ -144,6 +145,34 @@ def explain_traces(sides: list[tuple[Path, list[Record] | None]], arm: str | Non
     return trace_diff.explain(*read)
 
 
+def cause_line(sides: list[tuple[list[Record] | None, Record | None]]) -> str:
+    """`parity explain`'s cause line (reports.cause) for two sides, each (its records, the
+    record explained; None where a side is a capture): the interventions between the two
+    records, and the timing of every timed ok record of each one's cell in its results
+    (rounds of one run compared as interleaved pairs)."""
+    (records_a, a), (records_b, b) = sides
+    if a is None or b is None:
+        return cause.cause(None, [])
+    same = [[r for r in records if r.ok and r.timing and r.cell_key() == pick.cell_key()]
+            for records, pick in ((records_a, a), (records_b, b))]
+    timing = None
+    if same[0] and same[1]:
+        paired = [r.run_id for r in same[0]] == [r.run_id for r in same[1]]
+        timing = compare_cells(Cell(a.cell_key(), same[0]), Cell(b.cell_key(), same[1]),
+                               paired=paired).timing
+    return cause.cause(timing, cause.interventions(a, b))
+
+
+def traced_record(records: list[Record] | None, arm: str | None) -> Record | None:
+    """The one traced ok record (of `arm` when given) of a side's results, None for a
+    capture or where there is not exactly one."""
+    if records is None:
+        return None
+    traced = [r for r in records if r.ok and r.trace is not None
+              and (arm is None or r.arm == arm)]
+    return traced[0] if len(traced) == 1 else None
+
+
 TOP = 5
 """Movers shown under each regressed cell."""
 
@@ -154,7 +183,7 @@ def _traced(records: list[Record]) -> Record | None:
 
 
 def cell_change(old: list[Record], new: list[Record], top: int = TOP) -> str:
-    """Why one cell's `new` records differ from its `old` ones: the compiled step's movers
+    """What differs between one cell's `old` and `new` records: the compiled step's movers
     by category where both sides carry it, and the traced windows' where both were traced
     (their captures still on disk); '' where neither side can say."""
     parts = []
@@ -164,7 +193,7 @@ def cell_change(old: list[Record], new: list[Record], top: int = TOP) -> str:
         parts.append(markdown(found, top))
         if not found.only_a and not found.only_b and not any(
                 row.change(f) for row in found.rows for f in FIGURES):
-            parts.append("The compiled step is the same in every category: what changed is "
+            parts.append("The compiled step is the same in every category: what differs is "
                          "outside the program (the host's work, the input, the machine).\n")
     ta, tb = _traced(old), _traced(new)
     if ta and tb:
@@ -174,27 +203,27 @@ def cell_change(old: list[Record], new: list[Record], top: int = TOP) -> str:
     return "\n".join(parts)
 
 
-def changes(rows, *, cost_threshold: float = 0.0, top: int = TOP) -> list[tuple[str, str]]:
-    """(cell, what changed there) for every cell `reports.compare.regressions` calls a
-    regression (rows of `compare_sets`): `cell_change`, or why nothing can be said."""
-    from reports.compare import regressions
+def explained(row, top: int = TOP) -> str:
+    """The block under one compared cell (a row of reports.compare.compare_sets): what
+    differs (`cell_change`, under reports.cause.DIFFERS), then the cause line: the one
+    intervention between the sides' records where it moved the time (reports.cause)."""
+    if not (row.old and row.old.ok and row.new and row.new.ok):
+        return "One side has no finished run to compare (its failure is above).\n"
+    text = cell_change(row.old.ok, row.new.ok, top) or (
+        "Neither a compiled step by category nor two traced windows on both sides: run the "
+        "cell with --trace (or plan it) on both to see which operations differ.\n")
+    changes = cause.interventions(row.old.ok[0], row.new.ok[0])
+    return f"{cause.DIFFERS}\n\n{text}\n{cause.cause(row.timing, changes)}\n"
 
-    found = []
-    for row in rows:
-        if not regressions([row], cost_threshold=cost_threshold):
-            continue
-        if not (row.old and row.old.ok and row.new and row.new.ok):
-            text = "One side has no finished run to compare (its failure is above).\n"
-        else:
-            text = cell_change(row.old.ok, row.new.ok, top) or (
-                "Neither a compiled step by category nor two traced windows on both sides: "
-                "run the cell with --trace (or plan it) on both to see which operations "
-                "moved.\n")
-        found.append((row.name, text))
-    return found
+
+def changes(rows, *, cost_threshold: float = 0.0, top: int = TOP) -> list[tuple[str, str]]:
+    """(cell, what differs there and its cause) for every cell
+    `reports.compare.regressions` calls a regression (rows of `compare_sets`)."""
+    return [(row.name, explained(row, top)) for row in rows
+            if regressions([row], cost_threshold=cost_threshold)]
 
 
 def what_changed(rows, *, cost_threshold: float = 0.0, top: int = TOP) -> str:
     """`changes` as markdown, a heading per regressed cell."""
-    return "\n".join(f"### What changed: {name}\n\n{text}"
-                     for name, text in changes(rows, cost_threshold=cost_threshold, top=top))
+    return "\n".join(f"### What differs: {name}\n\n{text}"
+                      for name, text in changes(rows, cost_threshold=cost_threshold, top=top))

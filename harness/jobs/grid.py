@@ -54,6 +54,32 @@ class Request:
     """The out directory (nightly: the history)."""
 
 
+    def argv(self) -> list[str]:
+        """The grid arguments that ask for this request (harness.cli.grid_args reads them
+        back into an equal Request): what a printed command line repeats."""
+        found = [*(["--suite", self.suite] if self.suite else []),
+                 *[arg for module in self.plugins for arg in ("--plugin", module)]]
+        for key, value in self.explicit.items():
+            if value is None:
+                continue
+            if key in SWITCHES:
+                found.append(f"--{'' if value else 'no-'}{SWITCHES[key]}")
+            elif key in ("parity", "fit_check"):  # only ever given as off
+                found.append(f"--no-{key.replace('_', '-')}")
+            elif key == "fit_bytes":
+                found += ["--fit-gib", repr(value / 2**30)]
+            else:
+                found += [FLAGS.get(key, f"--{key.replace('_', '-')}"),
+                          ",".join(map(str, value)) if isinstance(value, list) else str(value)]
+        return found
+
+
+FLAGS = {"timeout_s": "--timeout", "wait_s": "--wait-for-device"}
+"""Request.explicit keys whose option is not the key with '-' for '_'."""
+SWITCHES = {"scan_layers": "scan-layers", "trace": "trace", "trace_hlo": "trace-hlo"}
+"""Keys given as --NAME / --no-NAME."""
+
+
 def check(request: Request, processes: int = 1, defaults: dict | None = None) -> dict:
     """The grid's options, every value checked that needs no device: no process is started
     and nothing is written (a probe file in `out` is created and removed)."""

@@ -5,6 +5,7 @@ reports.nightly); this module runs the grid and writes where the nightly writes.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,8 +16,8 @@ from harness.jobs.explain import cell_change
 from harness.jobs.grid import Request, Watch, check, quiet
 from harness.store import results
 from harness.store.layout import OutDir
+from reports import cause, site
 from reports import nightly as nightly_report
-from reports import site
 from reports.record import Record, codec
 from reports.regression import REGRESSION, against_history
 
@@ -24,14 +25,14 @@ EXIT_OK, EXIT_REGRESSION, EXIT_BROKEN = 0, 1, 2
 ROUNDS = 4
 """Default rounds a night: 4 new runs against 4+ history runs is the smallest unpaired
 sample whose CI can reach 95% (reports.stats.luck_bound)."""
-THRESHOLD = 0.05
-"""The regression threshold of a suite that sets none."""
 
 
 def prepare(request: Request, *, threshold: float | None, report: Path | None,
-            publish_to: Path | None) -> tuple[dict, float, Path]:
+            publish_to: Path | None) -> tuple[dict, float | None, Path]:
     """(grid options, threshold, report directory), every value checked before anything
-    runs: a corrupt history fails now, not after the grid."""
+    runs: a corrupt history fails now, not after the grid. The threshold is `threshold`,
+    else the suite's `regression_threshold`, else None: each cell's backend's minimum
+    effect (reports.stats.default_min_effect)."""
     history = request.out
     results.check_writable(history, "--history")  # the runs are written there
     if publish_to is not None:
@@ -41,13 +42,13 @@ def prepare(request: Request, *, threshold: float | None, report: Path | None,
     report_dir = report or OutDir(history).nightly_report
     results.check_writable(report_dir, "--report")
     options = check(request, defaults={"rounds": ROUNDS})
-    threshold = threshold or options.get("regression_threshold", THRESHOLD)
-    if not threshold > 0:
+    threshold = threshold or options.get("regression_threshold")
+    if threshold is not None and not threshold > 0:
         raise ValueError(f"--threshold {threshold}: give a relative slowdown > 0")
     return options, threshold, report_dir
 
 
-def nightly(request: Request, options: dict, *, threshold: float, report_dir: Path,
+def nightly(request: Request, options: dict, *, threshold: float | None, report_dir: Path,
             target: dict | None = None, publish_to: Path | None = None,
             watch: Watch = quiet) -> tuple[int, str]:
     """`parity nightly`: (exit code, the nightly's markdown) of the grid run into the
@@ -57,17 +58,16 @@ def nightly(request: Request, options: dict, *, threshold: float, report_dir: Pa
         plans = {**options, "rounds": 1, "trace": False}
         records = [*records, *plan_job.plan(request, plans, target, watch=watch)[1]]
     return evaluate(records, request.out, threshold=threshold, report_dir=report_dir,
-                    publish_to=publish_to)
+                    publish_to=publish_to, request=request)
 
 
 def publish(history: Sequence[Record], history_dir: Path, out: Path, *,
             threshold: float | None = None, workers: int | None = None,
             flag: str = "-o") -> site.Published:
     """Writes the history's site to `out` (reports.site.publish): every run judged at
-    `threshold`, or, where None, at its suite's threshold (else the nightly's 5%), in
-    `workers` processes (default: one per CPU)."""
-    return site.publish(history, out, source=str(history_dir),
-                        threshold=threshold or site.DEFAULT_THRESHOLD,
+    `threshold`, or, where None, at its suite's threshold, else at its backend's minimum
+    effect (as the nightly), in `workers` processes (default: one per CPU)."""
+    return site.publish(history, out, source=str(history_dir), threshold=threshold,
                         thresholds=None if threshold else suites.thresholds(
                             r.suite for r in history if r.suite),
                         workers=workers, flag=flag)
@@ -79,19 +79,38 @@ def published_text(done: site.Published) -> str:
             f"{done.seconds:.1f} s)")
 
 
-def _what_changed(row) -> str:
-    """A regressed cell's movers against the latest comparable run of its history
-    (harness.jobs.explain.cell_change), or ''."""
+def _what_changed(row, request: Request | None) -> str:
+    """A regressed cell's block: what differs from the latest comparable run of its history
+    (harness.jobs.explain.cell_change) and the cause line (reports.cause), then, where the
+    two ran different commits, the `parity bisect` that finds the one that moved the time
+    (separate runs, not an A/B, name at most the range)."""
     if not row.history or not row.cell.ok:
         return ""
     latest = [r for r in row.history if r.run_id == row.history[-1].run_id and r.ok]
-    found = cell_change(latest, row.cell.ok) if latest else ""
-    return f"\n#### What changed: {row.cell.name} (against run {row.history[-1].run_id})\n\n" \
-        f"{found}" if found else ""
+    if not latest:
+        return ""
+    found = cell_change(latest, row.cell.ok)
+    said = cause.cause(row.comparison.timing if row.comparison else None,
+                       cause.interventions(latest[0], row.cell.ok[0]))
+    text = (f"\n#### What differs: {row.cell.name} (against run {row.history[-1].run_id})"
+            f"\n\n{cause.DIFFERS}\n\n{found}\n{said}\n")
+    old, new = latest[0].environment, row.cell.ok[0].environment
+    if request is not None and old and new and old.git_sha and new.git_sha and (
+            old.git_sha != new.git_sha) and not old.git_dirty and not new.git_dirty:
+        cell = row.cell.ok[0]
+        one = Request(explicit={**request.explicit, "arms": [cell.arm],
+                                "preset": [cell.spec.preset], "seq": [cell.spec.seq],
+                                "batch": [cell.spec.batch], "micro_batch": None,
+                                "ga": [cell.spec.ga], "rounds": None},
+                      suite=request.suite, plugins=request.plugins, out=request.out)
+        line = shlex.join(["parity", "bisect", old.git_sha, new.git_sha, *one.argv()])
+        text += f"\nThe commit that moved it, by A/B at this cell:\n\n    {line}\n"
+    return text
 
 
-def evaluate(new: list[Record], history_dir: Path, *, threshold: float,
-             report_dir: Path, publish_to: Path | None = None) -> tuple[int, str]:
+def evaluate(new: list[Record], history_dir: Path, *, threshold: float | None,
+             report_dir: Path, publish_to: Path | None = None,
+             request: Request | None = None) -> tuple[int, str]:
     """Compares `new` (already appended to the history) with the rest of the history;
     writes the nightly's markdown and a plot per regression to `report_dir`; with
     `publish_to`, then republishes the history's site there (a site that cannot be written
@@ -104,7 +123,7 @@ def evaluate(new: list[Record], history_dir: Path, *, threshold: float,
     for i, row in enumerate(regressed):
         png = nightly_report.history_plot(row, report_dir / f"regression_{i}.png")
         text += f"\n![{row.cell.name}]({png.name})\n"
-        text += _what_changed(row)
+        text += _what_changed(row, request)
     (report_dir / "nightly.md").write_text(text)
     code = EXIT_REGRESSION if regressed else EXIT_OK
     if not new or any(not r.ok and not r.unavailable for r in new):

@@ -70,7 +70,8 @@ class CellProcesses:
                                                                            number))
         zygote = self.zygotes.get(cell) if self.zygotes is not None else None
         record = run_cell_process(cell, _env(slot), self.timeout_s,
-                                  slot.sink.cwd, zygote, slot.sink.worker_module)
+                                  slot.sink.cwd, zygote, slot.sink.worker_module,
+                                  slot.sink.python)
         if zygote is not None and zygote.forked == 1 and record.phases is not None:
             record.phases = {"preload": zygote.ready_s, **record.phases}
         return [record]
@@ -78,11 +79,12 @@ class CellProcesses:
 
 def run_cell_process(cell: CellRun, env: dict[str, str], timeout_s: float,
                      cwd: Path | None = None, zygote: Zygote | None = None,
-                     module: str | None = None) -> Record:
-    """Runs `cell` in a fresh process (or a child forked from `zygote`); never raises for
-    what happens inside the cell. The worker has its own process group (a timeout kills the
-    cell and anything it started) and dies with this process (harness.system.reaper):
-    SIGKILL of the parent included, no worker runs on and no temp dir stays behind."""
+                     module: str | None = None, python: str | None = None) -> Record:
+    """Runs `cell` in a fresh process of interpreter `python` (None: this one), or a child
+    forked from `zygote`; never raises for what happens inside the cell. The worker has its
+    own process group (a timeout kills the cell and anything it started) and dies with this
+    process (harness.system.reaper): SIGKILL of the parent included, no worker runs on and
+    no temp dir stays behind."""
     with spawn.worker_dir("parity-cell-") as tmp:
         out, err_path = tmp / "record.json", tmp / "stderr.txt"
         start = time.perf_counter()
@@ -93,7 +95,8 @@ def run_cell_process(cell: CellRun, env: dict[str, str], timeout_s: float,
                 code, max_rss = _forked(zygote, cell, env, out, err_path, timeout_s)
             else:
                 args = worker_args(cell_json(cell), str(out))
-                with spawn.started_worker(args, env, err_path, cwd, module=module) as proc:
+                with spawn.started_worker(args, env, err_path, cwd, module=module,
+                                          python=python) as proc:
                     code, max_rss = spawn.wait(proc, timeout_s)
         except ZygoteError as err:
             code, max_rss, lost = None, None, err

@@ -119,5 +119,5 @@ class LockstepPairs:
                                gate_fd=theirs.fileno())
             proc = stack.enter_context(spawn.started_worker(
                 args, env, err, slot.sink.cwd, pass_fds=[theirs.fileno()],
-                module=slot.sink.worker_module))
+                module=slot.sink.worker_module, python=slot.sink.python))
         return _Side(slot=slot, proc=proc, sock=ours, out=out, err=err)

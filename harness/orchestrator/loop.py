@@ -46,6 +46,9 @@ class Sink:
     ab: ABTag | None = None
     worker_module: str | None = None
     """The worker module of the commit its cells run (an older commit's); None: ours."""
+    python: str | None = None
+    """The Python interpreter its workers run in (one side of an A/B of software stacks);
+    None: this process's."""
     writer: bool = True
     """Whether this process writes the file (of a multi-process run, process 0 only)."""
 

@@ -215,14 +215,14 @@ def stops_held() -> Iterator[None]:
 
 @contextlib.contextmanager
 def started_worker(args: list[str], env: dict[str, str], err_path: Path, cwd: Path | None,
-                   pass_fds: Sequence[int] = (),
-                   module: str | None = None) -> Iterator[subprocess.Popen]:
+                   pass_fds: Sequence[int] = (), module: str | None = None,
+                   python: str | None = None) -> Iterator[subprocess.Popen]:
     """Yields the Popen of `python -m MODULE ARGS` (the cell worker; an older commit's
-    worker module where `module` names it), started in a process group of its own that dies
-    with this process, its output going to `err_path`, `pass_fds` kept open in it; on
-    leaving (the worker's end, a timeout, SIGINT or SIGTERM) the group is taken down and
-    the process reaped."""
-    command = [sys.executable, "-m", module or WORKER_MODULE, *args]
+    worker module where `module` names it; in the interpreter `python`, else this one),
+    started in a process group of its own that dies with this process, its output going to
+    `err_path`, `pass_fds` kept open in it; on leaving (the worker's end, a timeout, SIGINT
+    or SIGTERM) the group is taken down and the process reaped."""
+    command = [python or sys.executable, "-m", module or WORKER_MODULE, *args]
     env = {**env, SPAWNED_AT: repr(time.time())}
     parent = os.getpid()
 

@@ -8,6 +8,7 @@ An out directory (`parity run/plan/ab --out`, `parity nightly --history`) holds:
     hlo/<run id>/<cell>/<exe>.hlo.txt  optimized TPU HLO of each planned executable
     .plan-cache/<key>.json.gz        plans read back by later plans of the same program
     ab.md                            the A/B comparison (`parity ab`)
+    bisect.md                        the bisection's steps and its commit (`parity bisect`)
     nightly/                         the nightly's markdown and plots (default --report)
 
 where `<cell>` is `<arm>-<preset>-s<seq>-b<batch>-ga<ga>[-r<round>]` (`cell_path`). A run's
@@ -116,6 +117,10 @@ class OutDir:
     @property
     def ab_markdown(self) -> Path:
         return self.root / "ab.md"
+
+    @property
+    def bisect_markdown(self) -> Path:
+        return self.root / "bisect.md"
 
     @property
     def nightly_report(self) -> Path:

@@ -44,6 +44,27 @@ def is_ancestor(ancestor: str, commit: str, repo: Path = REPO) -> bool:
     return proc.returncode == 0
 
 
+def first_parent_path(good: str, bad: str, repo: Path = REPO) -> list[str]:
+    """The commits of `bad`'s first-parent history after `good`, oldest first, `bad` last
+    (each one's first parent the one before it, the first one's `good`, where `good` is on
+    that history)."""
+    listed = git("rev-list", "--first-parent", "--reverse", f"{good}..{bad}", cwd=repo)
+    return listed.split()
+
+
+def subject(sha: str, repo: Path = REPO) -> str:
+    """The first line of a commit's message."""
+    return git("log", "-1", "--format=%s", sha, cwd=repo)
+
+
+def first_parent(sha: str, repo: Path = REPO) -> str | None:
+    """A commit's first parent (None for a root commit)."""
+    try:
+        return git("rev-parse", "--verify", "--quiet", f"{sha}^1", cwd=repo)
+    except GitError:
+        return None
+
+
 def add_worktree(path: Path, sha: str, repo: Path = REPO) -> None:
     """A detached worktree of `sha` at `path`."""
     git("worktree", "add", "--detach", str(path), sha, cwd=repo)

@@ -73,8 +73,7 @@ class RunOptions:
     """A plan of the program with the gradient capture in front of the optimizer (records
     of `parity plan --capture`, which parity runs of schema < 10 timed where checked)."""
     plan_libtpu: str | None = None
-    """The libtpu (the TPU compiler) version that planned it: plans of other versions are
-    not compared."""
+    """The libtpu version that planned it: plans of other versions are not compared."""
     pairing: list[str] | None = None
     """Timed in one process with these arms (`--pairing in-process`), in alternating
     slices; None: the cell had its process to itself. Samples of the two ways are not
@@ -351,11 +350,12 @@ class Environment:
     """What two plans must share: a plan is the compiler's output for the target, the same
     to the byte whichever allocator the host compiled it with (harness.system.allocator)."""
 
-    def comparable_key(self, plan: bool = False) -> tuple:
-        """The COMPARABLE (for a `plan`, PLAN_COMPARABLE) values as canonical JSON (dict key
-        order never matters)."""
+    def comparable_key(self, plan: bool = False, versions: bool = True) -> tuple:
+        """The COMPARABLE (for a `plan`, PLAN_COMPARABLE) values as canonical JSON; without
+        the package `versions` for the A/B of two software stacks (what it compares)."""
         names = self.PLAN_COMPARABLE if plan else self.COMPARABLE
-        return tuple(json.dumps(getattr(self, k), sort_keys=True) for k in names)
+        return tuple(json.dumps(getattr(self, k), sort_keys=True) for k in names
+                     if versions or k != "versions")
 
 
 UNAVAILABLE = "unavailable"
@@ -442,11 +442,11 @@ class Record:
         hold a plan too: its step planned for the device it ran on (the fit check)."""
         return bool(self.run and self.run.plan_target)
 
-    def cell_key(self) -> tuple:
+    def cell_key(self, versions: bool = True) -> tuple:
         """Records with equal keys measured the same work the same way in comparable
-        environments: their samples may be pooled or compared."""
+        environments (`versions=False`: whatever their package versions, for a stack A/B)."""
         plan = self.is_plan
-        env = self.environment.comparable_key(plan) if self.environment else None
+        env = self.environment.comparable_key(plan, versions) if self.environment else None
         run = None
         if plan:  # a plan: its target, not how it would be run
             run = ("plan", self.run.plan_target, self.run.plan_slices, self.run.plan_libtpu,

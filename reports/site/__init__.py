@@ -3,6 +3,6 @@ page per shape), readable from file:// with no network. `history` judges every r
 nightly did, `charts` and `pages` lay it out, `assets` holds what every page loads, and
 `writer` writes the site whole or not at all."""
 
-from reports.site.writer import DEFAULT_THRESHOLD, Published, check_output, publish
+from reports.site.writer import Published, check_output, publish
 
-__all__ = ["DEFAULT_THRESHOLD", "Published", "check_output", "publish"]
+__all__ = ["Published", "check_output", "publish"]

@@ -6,8 +6,9 @@ x backend (`CellId`). Over a year its records span several comparability keys
 records of two keys are never compared. Each run of a cell (its records of one run id) is
 judged exactly as `parity nightly` judged it when it ran: `reports.regression.judge` against
 the ok records of the same key from the runs before it. Nothing here is a statistic or rule
-of its own: medians and CIs are `reports.stats`, verdicts `reports.regression`, cost values
-`reports.costs`, comparability `Record.cell_key` and `Environment.COMPARABLE`.
+of its own: medians and CIs are `reports.medians` and `reports.stats`, verdicts
+`reports.regression`, cost values `reports.costs`, comparability `Record.cell_key` and
+`Environment.COMPARABLE`.
 
 Timed runs and plan runs (`parity nightly --plan`: XLA's plan for a TPU target, no timing)
 are kept apart: they have their own keys and run ids.
@@ -20,7 +21,7 @@ import dataclasses
 import itertools
 from collections.abc import Iterable, Sequence
 
-from reports import costs, movers, stats
+from reports import costs, medians, movers, stats
 from reports.compare import Cell
 from reports.record import Environment, Record, path_safe
 from reports.regression import (
@@ -125,8 +126,8 @@ class RunView:
     why: str
     """The verdict in one line: the ratio and CI, the cost increases, the failure, or what
     changed since the previous run."""
-    median: stats.MedianCI | None
-    """Median ms/step over its rounds with the run-level 95% CI (stats.median_ci); None
+    median: medians.MedianCI | None
+    """Median ms/step over its rounds with the run-level 95% CI (medians.median_ci); None
     for a plan or a run with no finished round."""
     cost: dict[str, float | None]
     """Its cost metrics (reports.costs.side_values)."""
@@ -216,7 +217,7 @@ def judged_runs(records: Sequence[Record], *, threshold: float) -> list[RunView]
             if cell.ok:
                 window.append(cell.ok)
     timed = [(v, runs) for v in views if (runs := v.row.cell.runs)]
-    for (view, _), median in zip(timed, stats.median_cis([runs for _, runs in timed]),
+    for (view, _), median in zip(timed, medians.median_cis([runs for _, runs in timed]),
                                  strict=True):
         view.median = median
     views.sort(key=lambda v: (v.time, v.run_id))
@@ -248,10 +249,9 @@ def _name_verdict(view: RunView, previous: RunView | None) -> None:
     parts = []
     if c.timing is not None:
         t = c.timing
-        ci = (f" [{t.low:.3f}, {t.high:.3f}]" if t.low is not None else
-              " (within the threshold: no CI needed for the verdict)")
+        ci = f" [{t.low:.3f}, {t.high:.3f}]" if t.low is not None else ""
         runs = len({r.run_id for r in row.history})
-        parts.append(f"{c.verdict}: {t.ratio:.3f}x{ci} vs the last {runs} comparable "
+        parts.append(f"{stats.label(t)}: {t.ratio:.3f}x{ci} vs the last {runs} comparable "
                      f"run{'s' if runs > 1 else ''} ({len(c.old.ok)} rounds)")
     increases = costs.increases(c.cost_changes)
     if increases:
@@ -264,7 +264,7 @@ def _name_verdict(view: RunView, previous: RunView | None) -> None:
         view.verdict = REGRESSED
         moved = _moved(row.history, view.records)
         if moved:
-            parts.append(f"moved: {moved}")
+            parts.append(f"what differs: {moved}")
     elif c.verdict == stats.FASTER:
         view.verdict = IMPROVED
     else:

@@ -151,7 +151,7 @@ def index(histories: Sequence[CellHistory], *, source: str, generated: str) -> s
             + "<h1>parity nightly: every cell's history</h1>"
             + f'<p class="note">From <code>{_e(source)}</code>, published {_e(generated)} '
               f"UTC. Median = median over a run's rounds (processes) with its 95% bootstrap CI "
-              "over rounds (reports.stats.median_ci). Verdicts are the nightly's "
+              "over rounds (reports.medians.median_ci). Verdicts are the nightly's "
               "(reports.regression): a run against the last "
               f"{regression.BASELINE_RUNS} comparable runs, slower or faster by at least "
               f"{', '.join(f'{t:.0%}' for t in threshold)} beyond noise, or any exact cost "

@@ -22,14 +22,13 @@ import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from reports import stats
 from reports.record import Record
 from reports.site import assets, pages
 from reports.site.history import CellHistory, CellId, by_cell, cell_history, slim
 
 MARKER = ".parity-site"
 """The file naming a directory as a site `publish` wrote (it may replace it)."""
-DEFAULT_THRESHOLD = 0.05
-"""The nightly's default relative slowdown (harness.jobs.nightly.THRESHOLD)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -72,19 +71,22 @@ def check_output(site: Path, flag: str = "-o") -> None:
                          f"({err.strerror or err}); give a writable directory") from None
 
 
-def _jobs(records: Sequence[Record], threshold: float,
+def _jobs(records: Sequence[Record], threshold: float | None,
           thresholds: Mapping[str, float] | None) -> list[tuple[CellId, list[Record], float]]:
     """(cell, its records, the threshold it is judged at) of every cell: its suite's where
-    `thresholds` names it (suite name -> relative slowdown), else `threshold`."""
+    `thresholds` names it (suite name -> relative slowdown), else `threshold`, else its
+    backend's minimum effect (reports.stats.default_min_effect), as the nightly's."""
     thresholds = thresholds or {}
     jobs = []
     for cid, group in by_cell(records).items():
         suite = next((r.suite for r in group if r.suite), None)
-        jobs.append((cid, group, thresholds.get(suite, threshold)))
+        found = thresholds.get(suite, threshold)
+        jobs.append((cid, group,
+                     stats.default_min_effect(cid.backend) if found is None else found))
     return jobs
 
 
-def build(records: Sequence[Record], *, threshold: float = DEFAULT_THRESHOLD,
+def build(records: Sequence[Record], *, threshold: float | None = None,
           thresholds: Mapping[str, float] | None = None) -> list[CellHistory]:
     """Every cell's judged history, in full (see `_jobs` for the thresholds)."""
     return [cell_history(cid, group, threshold=t)
@@ -169,7 +171,7 @@ def render(jobs: list, directory: Path, *, source: str, workers: int) -> tuple[i
 
 
 def publish(records: Sequence[Record], site: Path, *, source: str = "",
-            threshold: float = DEFAULT_THRESHOLD,
+            threshold: float | None = None,
             thresholds: Mapping[str, float] | None = None,
             workers: int | None = None, flag: str = "-o") -> Published:
     """Judges every run of `records` and writes the site to `site`, whole or not at all;

@@ -80,7 +80,11 @@ def test_the_summary_has_a_row_per_cell_and_says_why():
     text = summary_markdown(rows, 0.05)
     lines = text.splitlines()
     assert lines[0] == "# Nightly parity"
-    assert "at least 5% above the comparable history (last 5 runs of the same arm" in text
+    assert ("slower than the comparable history (last 5 runs of the same arm, config and "
+            "environment) beyond noise by at least 5%") in text
+    # the rule names the minimum effect and process spread these runs were judged by
+    assert ("Used for these runs: minimum effect 5%, the CPU machine's from its A/A floor; "
+            "process spread log-SD 0.25 a process") in text
     (slow,) = [line for line in lines if line.startswith(f"| {CELL} |")]
     cells = [c.strip() for c in slow.split("|")[1:-1]]
     assert cells[1:3] == ["regression", "20.0"] and 9.8 < float(cells[3]) < 10.2
@@ -96,7 +100,8 @@ def test_the_summary_has_a_row_per_cell_and_says_why():
 def test_the_summary_of_cells_all_compared_has_no_baseline_note():
     rows = against_history(_night(3, 10.0), _history(2), threshold=0.1)
     text = summary_markdown(rows, 0.1)
-    assert "at least 10% above" in text and f"| {CELL} | ok |" in text
+    assert "beyond noise by at least 10%" in text and f"| {CELL} | ok |" in text
+    assert "Used for these runs: minimum effect 10%; process spread" in text
     assert "new baseline" not in text and "Cost changes, new baselines and warnings" not in text
 
 

@@ -81,6 +81,12 @@ def test_the_planted_change_is_the_first_mover_and_the_rows_sum_to_the_plans(pla
              if line.startswith("| ")][1:]
     assert len(lines) == 3 and lines[0].startswith("| collective: all-reduce |")
     assert "Only in A: collective: reduce-scatter." in table.stdout
+    # the movers are said to be what differs; plans carry no time, so no cause is claimed
+    assert table.stdout.startswith("Movers are what differs between the two sides' programs")
+    assert table.stdout.rstrip().endswith("Cause: none claimed: the sides carry no timing to "
+                                          "compare (plans or captures); an A/B of the change "
+                                          "(`parity ab`) can name one.")
+    assert found["cause"].startswith("Cause: none claimed: the sides carry no timing")
 
 
 def test_a_plan_against_itself_changes_nothing(planned):

@@ -2,6 +2,10 @@
 in lockstep on the CPU; one after the other on an accelerator, whose chips one process at a
 time holds."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from harness.contract import LOCKSTEP, PROCESSES
@@ -58,3 +62,162 @@ def test_every_side_times_the_trainer_s_own_program():
     with pytest.raises(ValueError, match=r"A \(0123456789\) times its steps with the gradient "
                                          r"capture chained in \(its worker speaks protocol 2\)"):
         check_times_trainer({"A": ref(2), "B": ref(4)})
+
+
+def test_a_sides_site_directory_comes_after_its_worktree_and_before_the_rest(tmp_path):
+    """A side's packages (its stack's site directory) are imported before the
+    interpreter's own, and its commit's code before both."""
+    import os
+
+    from harness.orchestrator.refs import Protocol, Ref, Stack
+
+    ref = Ref("B", "0" * 40, tmp_path / "tree", Protocol(3, "harness.cell"),
+              Stack(site=str(tmp_path / "site")))
+    assert ref.env({"PYTHONPATH": "/x", "K": "v"}) == {
+        "K": "v", "PYTHONPATH": os.pathsep.join([str(tmp_path / "tree"),
+                                                 str(tmp_path / "site"), "/x"])}
+    plain = Ref("A", "0" * 40, tmp_path / "tree", Protocol(3, "harness.cell"))
+    assert plain.env({})["PYTHONPATH"] == str(tmp_path / "tree")
+
+
+def test_a_stack_that_cannot_run_is_refused_naming_its_option(tmp_path):
+    from harness.orchestrator.refs import Stack, check_stack
+
+    with pytest.raises(ValueError, match=f"--python-b {tmp_path}/none: cannot run it"):
+        check_stack(Stack(python=str(tmp_path / "none")), "--python-b", "--site-b")
+    with pytest.raises(ValueError, match="--python-a /bin/true: not a Python 3 interpreter"):
+        check_stack(Stack(python="/bin/true"), "--python-a", "--site-a")
+    with pytest.raises(ValueError, match=f"--site-b {tmp_path}/gone: no such directory"):
+        check_stack(Stack(site=str(tmp_path / "gone")), "--python-b", "--site-b")
+    check_stack(Stack(python=sys.executable, site=str(tmp_path)), "--python-a", "--site-a")
+
+
+def test_the_records_of_two_stacks_are_compared_cell_by_cell_across_their_versions():
+    """An A/B of two software stacks compares cells whose records differ in the package
+    versions they carry (what the A/B is about); every other comparison keeps them apart."""
+    import dataclasses
+
+    from reports.compare import compare_sets
+    from tests.reports.helpers import fixture_records
+
+    old = [r for r in fixture_records(("native",)) if r.ok]
+    new = [dataclasses.replace(r, environment=dataclasses.replace(
+        r.environment, versions={**r.environment.versions, "flax": "0.13.0"})) for r in old]
+    with pytest.raises(ValueError, match="no cell in common"):
+        compare_sets(old, new)
+    rows = compare_sets(old, new, across_stacks=True)
+    assert len(rows) == len({r.cell_key() for r in old}) and all(row.timing for row in rows)
+
+
+def test_the_ab_markdown_names_each_sides_stack_and_the_versions_it_recorded():
+    import dataclasses
+
+    from harness.jobs.ab import ABResult, stack_lines
+    from harness.orchestrator.refs import Stack
+    from tests.reports.helpers import fixture_records
+
+    a = [r for r in fixture_records(("native",)) if r.ok][:1]
+    b = [dataclasses.replace(r, environment=dataclasses.replace(
+        r.environment, versions={**r.environment.versions, "flax": "0.13.0"})) for r in a]
+    same = ABResult(records={"A": a, "B": a}, rows=[], shas={"A": "a", "B": "a"})
+    assert stack_lines(same) == []  # one stack: nothing to say
+    result = ABResult(records={"A": a, "B": b}, rows=[], shas={"A": "a", "B": "a"},
+                      stacks={"B": Stack(site="/s")})
+    lines = stack_lines(result)
+    flax_a = a[0].environment.versions["flax"]
+    assert lines[1].startswith(f"- A: this environment; recorded versions: flax {flax_a}, ")
+    assert lines[2].startswith("- B: site /s; recorded versions: flax 0.13.0, ")
+
+
+def _stack_ab(tmp_path, *stack):
+    from tests.harness.cli_helpers import REPO, cli_env
+
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", "ab", "HEAD", "HEAD", "--allow-dirty", *stack,
+         "--arms", "native", "--preset", "tiny", "--seq", "16", "--batch", "4", "--ga", "1",
+         "--steps", "6", "--warmup", "1", "--rounds", "2", "--slices", "3", "--no-parity",
+         "--out", str(tmp_path / "out")], cwd=REPO, env=cli_env(), capture_output=True,
+        text=True, timeout=600)
+
+
+def _venv(path: Path, *packages: str) -> Path:
+    """A venv of this interpreter's base Python: bare, or with `packages` installed in its
+    own site-packages (pip --target, no dependencies) and this environment's site-packages
+    after them (a .pth), so it runs the project with those packages replaced."""
+    import sysconfig
+
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv",
+                    "--without-pip", str(path)], check=True)
+    python = path / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; "
+                           "print(sysconfig.get_paths()['purelib'])"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    if packages:
+        (Path(site) / "parity-base.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        _pip(site, *packages)
+    return python
+
+
+def _pip(target, *packages: str) -> None:
+    """pip install --no-deps --target `target` `packages`; the test is skipped where the
+    package index cannot give them (no index reachable)."""
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                           "--target", str(target), *packages], capture_output=True,
+                          text=True, timeout=300)
+    if proc.returncode != 0:
+        pytest.skip(f"pip cannot install {' '.join(packages)} here: {proc.stderr[-300:]}")
+
+
+OTHER_ORBAX = "0.12.4"
+"""An orbax-checkpoint other than the lock's (0.12.8) that imports beside its jax: the
+package a side's stack changes (nothing a native cell runs imports it; its version is
+recorded all the same)."""
+
+
+@pytest.mark.slow  # one A/B of 2 lockstep rounds, and a pip install
+def test_each_side_of_an_ab_can_run_in_a_software_stack_of_its_own(tmp_path):
+    """A: this interpreter with a site directory holding orbax-checkpoint 0.12.4; B: another
+    interpreter (a venv) whose own site-packages hold it. Both sides' records say 0.12.4,
+    which neither would without its stack (this environment has the lock's 0.12.8)."""
+    import importlib.metadata
+    import json
+
+    assert importlib.metadata.version("orbax-checkpoint") != OTHER_ORBAX
+    site = tmp_path / "site"
+    _pip(site, f"orbax-checkpoint=={OTHER_ORBAX}")
+    python = _venv(tmp_path / "venv", f"orbax-checkpoint=={OTHER_ORBAX}")
+    proc = _stack_ab(tmp_path, "--site-a", str(site), "--python-b", str(python))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = {path.stem[-1]: [json.loads(line) for line in path.read_text().splitlines()]
+               for path in (tmp_path / "out").glob("ab-*.jsonl")}
+    assert {side: {r["environment"]["versions"]["orbax-checkpoint"] for r in found}
+            for side, found in records.items()} == {"A": {OTHER_ORBAX}, "B": {OTHER_ORBAX}}
+    text = (tmp_path / "out" / "ab.md").read_text()
+    assert f"- A: site {site}; recorded versions: " in text
+    assert f"- B: python {python}; recorded versions: " in text
+    assert "| native tiny seq=16 batch=4 ga=1 |" in text and "| 2 / 2 |" in text
+
+
+@pytest.mark.slow  # one A/B of 2 lockstep rounds, B's cells failing at once
+def test_a_stack_whose_cells_cannot_run_is_a_failed_row_and_exit_1(tmp_path):
+    """B in an interpreter without jax: its workers die before recording anything; their
+    failures stand in the cell's row (the side's commit, no versions), not as a cell of
+    their own, and the A/B exits 1."""
+    python = _venv(tmp_path / "bare")
+    proc = _stack_ab(tmp_path, "--python-b", str(python))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    text = (tmp_path / "out" / "ab.md").read_text()
+    assert "| native tiny seq=16 batch=4 ga=1 |" in text and "| 2 / 0 | - | failed |" in text
+    assert "new: crash: cell process exited with code 1 without a record (x 2)" in text
+    assert f"- B: python {python}; recorded versions: none (no cell recorded its own)" in text
+
+
+def test_a_stack_that_cannot_run_is_refused_before_any_cell(tmp_path):
+    from tests.harness.cli_helpers import parity_cli
+
+    proc = parity_cli("ab", "HEAD", "HEAD", "--allow-dirty", "--python-b",
+                      str(tmp_path / "none"), "--arms", "native", "--preset", "tiny",
+                      "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith(f"parity: error: --python-b {tmp_path}/none: cannot run it")
+    assert not (tmp_path / "out").exists()

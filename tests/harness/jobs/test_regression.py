@@ -188,3 +188,47 @@ def test_ab_outside_a_git_checkout_says_so(tmp_path):
     with pytest.raises(ValueError, match="parity ab needs a git checkout of parity, and "
                                          f"{tmp_path} is not one"):
         refs.check_repo(tmp_path)
+
+
+def _quiet(run_id, scale, backend, seed):
+    rng = np.random.default_rng(seed)
+    return [_record(run_id, 100 * scale * (1 + rng.normal(0, 0.001, 20)), backend, i)
+            for i in range(4)]
+
+
+def test_a_nightly_judges_at_its_backends_minimum_effect_unless_a_threshold_is_named():
+    """3% slower with 0.1% noise, 4 runs a side: a regression on a TPU (its 1% minimum
+    effect), detected but under the CPU machine's 5%; a threshold named overrides either."""
+    from reports import stats
+
+    for backend, status, verdict in (("tpu", "regression", stats.SLOWER),
+                                     ("cpu", "ok", stats.UNDER)):
+        (row,) = against_history(_quiet("r2", 1.03, backend, 1), _quiet("r1", 1.0, backend, 0),
+                                 threshold=None)
+        assert (row.status, row.comparison.verdict) == (status, verdict), backend
+        assert row.comparison.timing.min_effect == stats.default_min_effect(backend)
+    (named,) = against_history(_quiet("r2", 1.03, "tpu", 1), _quiet("r1", 1.0, "tpu", 0),
+                               threshold=0.05)
+    assert named.status == "ok" and named.comparison.label == (
+        "detected, under the 5% minimum effect")
+
+
+def test_the_tpu_suites_follow_the_tpus_minimum_effect(tmp_path):
+    """No shipped suite names a regression threshold: a nightly of one judges each cell at
+    its backend's minimum effect (--threshold still names one), as the dashboard does."""
+    from harness.grid import suites
+    from harness.jobs import nightly
+    from harness.jobs.grid import Request
+    from reports.site.writer import build
+    from tests.reports.helpers import fixture_records
+
+    assert suites.thresholds(suites.names()) == {}
+    wanted = Request(explicit={"arms": ["native"]}, suite="tpu-v5e", out=tmp_path / "h")
+    assert nightly.prepare(wanted, threshold=None, report=None, publish_to=None)[1] is None
+    assert nightly.prepare(wanted, threshold=0.02, report=None, publish_to=None)[1] == 0.02
+    native = next(r for r in fixture_records(("native",)) if r.ok)
+    records = [dataclasses.replace(native, environment=dataclasses.replace(
+        native.environment, backend=backend)) for backend in ("tpu", "cpu")]
+    assert sorted((h.id.backend, h.threshold) for h in build(records)) == [
+        ("cpu", 0.05), ("tpu", 0.01)]
+    assert {h.threshold for h in build(records, threshold=0.03)} == {0.03}

@@ -1,5 +1,5 @@
-"""A killed `parity run` / `ab` / `nightly` leaves nothing behind: no worker, no temp dir,
-no git worktree (harness.system.reaper), and says what it kept when it can."""
+"""A killed `parity run` / `ab` / `bisect` / `nightly` leaves nothing behind: no worker, no
+temp dir, no git worktree (harness.system.reaper), and says what it kept when it can."""
 
 import json
 import os
@@ -20,6 +20,8 @@ CELL = ["--arms", "test-hang", "--plugin", "tests.harness.fault_arms", "--preset
 COMMANDS = {
     "run": ["run", *CELL],
     "ab": ["ab", "HEAD", "HEAD", "--allow-dirty", *CELL, "--slices", "2"],
+    # A bisection's first step: GOOD against BAD, as `ab` (its worktrees, its workers).
+    "bisect": ["bisect", "HEAD~1", "HEAD", "--allow-dirty", *CELL, "--slices", "2"],
     "nightly": ["nightly", *CELL, "--rounds", "1"],
     "launch": ["launch", "-n", "2", "--", *CELL],
     # Two plans side by side (harness.orchestrator.pool): a stop reaches the thread waiting on each.
@@ -86,6 +88,8 @@ def _wait_for(predicate, timeout_s: float, what: str):
     (command, sig) for command in ("run", "ab") for sig in (
         signal.SIGTERM, signal.SIGKILL, signal.SIGINT)] + [("nightly", signal.SIGINT),
                                                           ("nightly", signal.SIGHUP),
+                                                          ("bisect", signal.SIGTERM),
+                                                          ("bisect", signal.SIGKILL),
                                                           ("launch", signal.SIGKILL),
                                                           ("plan", signal.SIGINT),
                                                           ("plan", signal.SIGTERM)],

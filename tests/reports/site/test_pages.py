@@ -95,7 +95,7 @@ def test_the_cell_page_draws_each_run_and_marks_the_planted_regression(records, 
     regression = next(t for t in figures["timing"]["data"] if t["name"] == "regression")
     night = synthetic.START.strftime("%Y-%m-") + f"{1 + slow.start:02d}"
     assert any(x.startswith(night) for x in regression["x"]), regression["x"]
-    # The CI band is the runs' median CI (reports.stats.median_ci) at every run.
+    # The CI band is the runs' median CI (reports.medians.median_ci) at every run.
     high = next(t for t in figures["timing"]["data"] if t["name"] == "median CI high")
     assert all(h >= m for h, m in zip(high["y"], median["y"], strict=True))
     # Environment changes: one dotted line each, across the whole figure.
