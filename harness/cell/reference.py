@@ -120,13 +120,16 @@ def exact_reference(spec, batches) -> tuple[Entry, bool]:
     if entry is not None:
         return entry, True
     start = time.perf_counter()
-    found = _compute_reference(spec, batches, DEFAULT)
+    model = _reference_model(spec)
+    found = _compute_reference(spec, batches, DEFAULT, model)
     floor = None
     if not exact_arithmetic(spec.dtype, jax.default_backend()):
-        exact32 = _compute_reference(dataclasses.replace(spec, dtype="float32"), batches,
-                                     HIGHEST).exact
+        spec32 = dataclasses.replace(spec, dtype="float32")
+        exact32 = _compute_reference(spec32, batches, HIGHEST,
+                                     _reference_model(spec32, like=model)).exact
         floor = rel_l2(found.exact, exact32)
         del exact32
+    del model
     entry = Entry(loss=found.loss, gradient=found.exact, mean_of_means=found.mean_of_means,
                   floor_rel_l2=floor, computed_s=time.perf_counter() - start)
     if store is not None:
@@ -134,17 +137,31 @@ def exact_reference(spec, batches) -> tuple[Entry, bool]:
     return entry, False
 
 
-def _compute_reference(spec, batches, precision: str):
-    """The references of `spec` on `batches` at matmul `precision`
+def _reference_model(spec, like=None):
+    """Our decoder of `spec` on one local device: initialized (where the arm ran on that
+    same one-device mesh, its compiled initializer is reused: same weights, no second
+    compile), or holding the very arrays of `like` (the same weights in another compute
+    dtype: a float32 reference beside a bfloat16 one needs no initializer of its own,
+    whose compile took 30 s on the TPU v5e host)."""
+    import jax
+    from flax import nnx
+
+    from engine.model import Decoder, build_decoder, make_mesh
+
+    if like is None:
+        one_device = make_mesh("", devices=jax.local_devices()[:1])
+        return build_decoder(spec.model_config(), seed=spec.seed, mesh=one_device)
+    graph = nnx.split(nnx.eval_shape(
+        lambda: Decoder(spec.model_config(), rngs=nnx.Rngs(spec.seed))))[0]
+    return nnx.merge(graph, nnx.state(like))
+
+
+def _compute_reference(spec, batches, precision: str, model):
+    """The references of `spec` on `batches` at matmul `precision`, by `model`
     (arms.workload.reference.References)."""
     import jax
 
     from arms.workload.reference import references_by_micro_batch
-    from engine.model import build_decoder, make_mesh
 
-    # On one local device; where the arm ran on that same one-device mesh, its compiled
-    # initializer is reused (same weights, no second compile).
-    one_device = make_mesh("", devices=jax.local_devices()[:1])
     with jax.default_matmul_precision(precision):
-        reference = build_decoder(spec.model_config(), seed=spec.seed, mesh=one_device)
-        return references_by_micro_batch(reference, batches, spec.loss_fn())
+        return references_by_micro_batch(model, batches, spec.loss_fn())

@@ -107,3 +107,23 @@ def test_ragged_work_says_what_a_mean_of_micro_batch_means_is_predicted_to_be_of
     even = dataclasses.replace(SPEC, ragged=None)  # equal denominators: nothing to predict
     plain = parity_section(even, _exact(even, even.micro_batches(0)), 1.0, None)
     assert plain.predicted_rel_l2 is None and plain.mean_of_means_rel_l2 is None
+
+
+def test_the_float32_reference_of_a_bfloat16_cell_reuses_its_weights(monkeypatch):
+    """The floor's float32 reference holds the bfloat16 reference's own arrays: one
+    initializer compiled for both (its compile took 30 s on the TPU v5e host), and the
+    floor is the distance of the two references of the very same weights."""
+    from engine.model.decoder import initializer
+    from harness.cell.phases import CompileCounter
+    from harness.cell.reference import exact_reference
+
+    monkeypatch.delenv("PARITY_REFERENCE_DIR", raising=False)
+    bf16 = dataclasses.replace(SPEC, dtype="bfloat16", seed=7)  # weights no test built yet
+    initializer.cache_clear()
+    jax.clear_caches()
+    compiles = CompileCounter()
+    entry, stored = exact_reference(bf16, bf16.micro_batches(0))
+    programs = [e["program"] for e in compiles.log]
+    assert not stored and programs.count("jit(init)") == 1, programs
+    assert programs.count("jit(summed)") == 2  # the default and the highest precision
+    assert 1e-4 < entry.floor_rel_l2 < 1e-1
