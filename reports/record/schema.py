@@ -50,6 +50,13 @@ class Spec:
     epsilon: float = 0.2
     epsilon_high: float | None = None
     epsilon_c: float | None = None
+    attention: str = "xla"
+    """Our decoder's attention implementation, and the kernel's block sizes (absent where
+    the XLA attention ran, which reads none)."""
+    attention_block_q: int | None = None
+    attention_block_kv: int | None = None
+    logits_chunk: int = 0
+    """Positions per chunk of our decoder's head and loss (0: whole logits; absent at 0)."""
 
 
 @_section

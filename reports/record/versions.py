@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from reports.record.errors import RecordError
 
-SCHEMA = 9
+SCHEMA = 10
 """Version of the layout `to_json` writes. 1: the environment was `fingerprint`, the
 compiled cost `flops`, the step statistics `timing.summary`, the data digest
 `parity.data_fingerprint`, the executions `timing.executions_per_step_dispatched`.
@@ -25,7 +25,9 @@ no trainer's denominator (`parity.trainer_denominator`). 6: a record's planned b
 largest executable's total, whichever the step called, without the train state held outside
 its arguments (`memory.executables[*].held`). 7: a gradient check that gave no verdict left
 no reason (`parity_not_checked`), and a run record held no plan of its device. 8: a record
-held no device's whole memory statistics (`memory.device_stats`)."""
+held no device's whole memory statistics (`memory.device_stats`). 9: the spec had none of our
+decoder's attention and logits options (`spec.attention`, `attention_block_q`,
+`attention_block_kv`, `logits_chunk`)."""
 
 
 def upgrade(data: dict, where: str = "record") -> dict:
@@ -33,7 +35,7 @@ def upgrade(data: dict, where: str = "record") -> dict:
     schema = data.get("schema")
     if schema == SCHEMA:
         return data
-    if schema in (7, 8):  # 8 and 9 added a field each
+    if schema in (7, 8, 9):  # 8, 9 and 10 added fields
         return dict(data, schema=SCHEMA)
     if schema in (3, 4, 5, 6):  # 4-6 added fields (plans, roofline, loss options)
         return _upgrade_6(dict(data, schema=SCHEMA))

@@ -37,12 +37,28 @@ def test_a_cell_spec_with_ragged_counts_is_a_valid_spec_section():
     assert section(Spec, spec.to_dict()).ragged == [64, 16, 40, 8]
 
 
+def test_our_decoders_options_are_spec_fields_and_name_the_cell_apart():
+    """A cell run with a kernel or chunked logits reads back, and is named apart from the
+    same shape run the plain way (their records hash apart too)."""
+    from reports.record import cell_name
+
+    plain = section(Spec, CellSpec(preset="tiny", seq=1024).to_dict())
+    kernel = section(Spec, CellSpec(preset="tiny", seq=1024, attention="splash",
+                                    logits_chunk=256).to_dict())
+    assert (kernel.attention, kernel.attention_block_q, kernel.attention_block_kv,
+            kernel.logits_chunk) == ("splash", 512, 1024, 256)
+    assert (plain.attention, plain.attention_block_q, plain.logits_chunk) == ("xla", None, 0)
+    assert cell_name("engine", plain) == "engine tiny seq=1024 batch=8 ga=1"
+    assert cell_name("engine", kernel) == ("engine tiny seq=1024 batch=8 ga=1 "
+                                           "attention=splash/512x1024 logits_chunk=256")
+
+
 @pytest.mark.parametrize(("change", "message"), [
     (lambda r: r["timing"].pop("steps"), "missing field 'timing.steps'"),
     (lambda r: r["timing"]["stats"].update(cv="high"), "field 'timing.stats.cv': expected float"),
     (lambda r: r["run"].update(steps=True), "field 'run.steps': expected int"),
     (lambda r: r.update(colour="red"), "unknown field 'colour'"),
-    (lambda r: r.update(schema=99), "schema 99, this version reads 1-9"),
+    (lambda r: r.update(schema=99), "schema 99, this version reads 1-10"),
     # Records that pass the schema but that no writer produces (an impossible result).
     (lambda r: r.update(status="weird"), "field 'status': 'weird' is neither"),
     (lambda r: r.update(timing=None), "field 'timing': an ok record holds its timing"),
@@ -66,7 +82,7 @@ def test_schema_3_reads_as_a_record_that_is_not_a_plan():
     raw.pop("plan")
     raw["schema"] = 3
     record = Record.from_json(raw)
-    assert record.schema == SCHEMA == 9
+    assert record.schema == SCHEMA == 10
     assert record.plan is None and record.run.plan_target is None
 
 
