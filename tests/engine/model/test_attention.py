@@ -198,9 +198,10 @@ def test_on_a_tpu_auto_runs_splash_from_4096_and_the_kernel_compiles_for_the_v5e
     """Compiled for one TPU v5e chip by libtpu (compile-only devices; in a process of its own,
     `tests/engine/model/tpu_attention.py`): traced under a mesh of that TPU, tiny's gradient
     with attention="auto" calls the splash kernels at seq 4096 (forward, its recompute under
-    full remat, dq, dkv: 4 calls) and none at seq 1024; Mosaic compiles the kernel at the
-    default blocks for one qwen3-0.6b layer at seq 4096, where XLA:TPU plans 1.09 GB of
-    temporaries for the XLA attention's float32 scores and the kernel about 1 MiB."""
+    full remat, dq, dkv: 4 calls) and none at seq 1024; over 4 chips (fsdp=4) it compiles,
+    each device running the kernel on its rows; Mosaic compiles the kernel at the default
+    blocks for one qwen3-0.6b layer at seq 4096, where XLA:TPU plans 1.09 GB of temporaries
+    for the XLA attention's float32 scores and the kernel about 1 MiB."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
                JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-m", "tests.engine.model.tpu_attention"],
@@ -210,6 +211,7 @@ def test_on_a_tpu_auto_runs_splash_from_4096_and_the_kernel_compiles_for_the_v5e
     found = json.loads(out.stdout.splitlines()[-1])
     assert found["device_kind"] == "TPU v5 lite"
     assert found["decoder"] == {"auto@4096": 4, "auto@1024": 0, "splash@1024": 4}
+    assert found["fsdp=4"] == 4
     xla, kernel = found["layer"]["xla@1x4096"], found["layer"]["splash@1x4096"]
     assert xla["kernels"] == 0 and kernel["kernels"] == 3  # forward, dq, dkv
     scores = 16 * 4096 * 4096 * 4  # one float32 [N, L, S] of the layer

@@ -5,7 +5,9 @@ prints one JSON object.
 
 - `decoder`: per (attention option, seq), the Pallas kernels (`tpu_custom_call`s) in the
   compiled gradient of the decoder's loss statistics, traced under a mesh of the v5e's
-  device: what `attention="auto"` picks when the program is for a TPU.
+  device: what `attention="auto"` picks when the program is for a TPU; and the same with
+  splash over 4 chips (v5e:2x2, fsdp=4), which compiles only if each device runs the kernel
+  on its own rows (Mosaic kernels cannot be partitioned by XLA).
 - `layer`: one qwen3-0.6b layer's attention (16 query heads, 8 kv heads, head dim 128, bf16,
   causal, packed), forward and backward, by XLA and by splash at the default blocks: the
   kernels in it and XLA:TPU's planned temporary bytes.
@@ -19,7 +21,13 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from engine.model import abstract_decoder, get_preset, make_mesh, sharding_context
+from engine.model import (
+    abstract_decoder,
+    batch_sharding,
+    get_preset,
+    make_mesh,
+    sharding_context,
+)
 from engine.model.attention import attend, splash
 from engine.model.decoder import attention_mask
 from harness.xla import target
@@ -32,10 +40,12 @@ def _shaped(shape, dtype, mesh):
 
 
 def decoder_kernels(attention: str, seq: int, mesh) -> int:
-    """Pallas kernels in the compiled gradient of tiny's loss statistics at `seq`."""
+    """Pallas kernels in the compiled gradient of tiny's loss statistics at `seq`, one row
+    per device of `mesh`."""
     config = get_preset("tiny", attention=attention, scan_layers=True, remat="full")
     graph, state = nnx.split(abstract_decoder(config, mesh))
-    rows = [_shaped((1, seq), jnp.int32, mesh) for _ in range(4)]
+    rows = [jax.ShapeDtypeStruct((mesh.size, seq), jnp.int32, sharding=batch_sharding(mesh))
+            for _ in range(4)]
 
     def loss(state, tokens, positions, segment_ids, targets):
         model = nnx.merge(graph, state)
@@ -71,10 +81,12 @@ def main() -> dict:
     devices = target.topology_devices("v5e:1x1")
     mesh = target.mesh_like(make_mesh(""), devices)
     one = jax.sharding.Mesh(np.array(devices[:1]), ("one",))
+    four = target.mesh_like(make_mesh("fsdp=4"), target.topology_devices("v5e:2x2"))
     return {
         "device_kind": devices[0].device_kind,
         "decoder": {f"{attention}@{seq}": decoder_kernels(attention, seq, mesh)
                     for attention, seq in (("auto", 4096), ("auto", 1024), ("splash", 1024))},
+        "fsdp=4": decoder_kernels("splash", 1024, four),
         "layer": {f"{kind}@{batch}x{seq}": layer_plan(kind, batch, seq, one)
                   for kind in ("xla", "splash") for batch, seq in ((1, 4096),)},
     }
