@@ -51,10 +51,11 @@ class Spec:
     epsilon_high: float | None = None
     epsilon_c: float | None = None
     attention: str = "xla"
-    """Our decoder's attention implementation, and the kernel's block sizes (absent where
-    the XLA attention ran, which reads none)."""
-    attention_block_q: int | None = None
-    attention_block_kv: int | None = None
+    """Our decoder's attention implementation, and the kernel's block sizes (absent from
+    the data where the XLA attention ran, which reads none: arms.spec.CellSpec's defaults,
+    so a spec read back builds the same cell)."""
+    attention_block_q: int = 512
+    attention_block_kv: int = 1024
     logits_chunk: int = 0
     """Positions per chunk of our decoder's head and loss (0: whole logits; absent at 0)."""
 

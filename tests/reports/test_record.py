@@ -47,7 +47,11 @@ def test_our_decoders_options_are_spec_fields_and_name_the_cell_apart():
                                     logits_chunk=256).to_dict())
     assert (kernel.attention, kernel.attention_block_q, kernel.attention_block_kv,
             kernel.logits_chunk) == ("splash", 512, 1024, 256)
-    assert (plain.attention, plain.attention_block_q, plain.logits_chunk) == ("xla", None, 0)
+    assert (plain.attention, plain.logits_chunk) == ("xla", 0)
+    # read back, a spec builds the same cell (the blocks XLA does not read at their defaults)
+    assert CellSpec.from_dict(plain.__dict__) == CellSpec(preset="tiny", seq=1024)
+    assert CellSpec.from_dict(kernel.__dict__).to_dict() == CellSpec(
+        preset="tiny", seq=1024, attention="splash", logits_chunk=256).to_dict()
     assert cell_name("engine", plain) == "engine tiny seq=1024 batch=8 ga=1"
     assert cell_name("engine", kernel) == ("engine tiny seq=1024 batch=8 ga=1 "
                                            "attention=splash/512x1024 logits_chunk=256")
