@@ -7,7 +7,13 @@ import functools
 
 import optax
 
-from arms.workload import LossFn, MicroBatch, get_loss, make_micro_batches
+from arms.workload import (
+    LossFn,
+    MicroBatch,
+    check_decoder_options,
+    get_loss,
+    make_micro_batches,
+)
 from arms.workload.optimizers import OPTIMIZERS, optimizer_tx
 from engine.model import DecoderConfig, check_fits, get_preset, make_mesh
 from engine.model.sharding import parse_mesh_spec
@@ -65,6 +71,16 @@ class CellSpec:
     """Decoder option scan_layers."""
     remat: str = "none"
     """Decoder option remat."""
+    attention: str = "xla"
+    """Decoder option attention: "xla", "splash" (JAX's Pallas kernel) or "auto" (splash on a
+    TPU from seq 4096 up, xla elsewhere); other models run their own attention."""
+    attention_block_q: int = 512
+    """Decoder option attention_block_q: query rows per block of the attention kernel."""
+    attention_block_kv: int = 1024
+    """Decoder option attention_block_kv: keys per block of the attention kernel."""
+    logits_chunk: int = 0
+    """Decoder option logits_chunk: positions per chunk of the head and the loss's per-token
+    statistics (no [B, L, V] float32 logits); 0 = the whole logits at once."""
 
     def __post_init__(self):
         if self.batch < 1:
@@ -102,7 +118,8 @@ class CellSpec:
                              "--ragged counts that sum to at least 1 (or a mask_fraction "
                              "above 0)")
         parse_mesh_spec(self.mesh)
-        self.model_config()  # validates the preset and options
+        # validates the preset and options, the decoder's against the length and the loss
+        check_decoder_options(self.loss, self.model_config(), self.seq)
 
     @property
     def micro_batch(self) -> int:
@@ -110,7 +127,8 @@ class CellSpec:
 
     def model_config(self) -> DecoderConfig:
         return get_preset(self.preset, dtype=self.dtype, scan_layers=self.scan_layers,
-                          remat=self.remat)
+                          remat=self.remat, **{name: getattr(self, name)
+                                               for name in DECODER_OPTIONS})
 
     def make_mesh(self, devices=None):
         """The cell's mesh over `devices` (default: this process's); a -1 axis takes every
@@ -149,11 +167,16 @@ class CellSpec:
             grpo=self.loss == "grpo")
 
     def to_dict(self) -> dict:
-        """The spec as data; tunix-grpo's options are left out where they keep their
-        defaults, so the data (and the hash) of every other cell is what it always was."""
+        """The spec as data; tunix-grpo's options and the decoder's attention and logits_chunk
+        are left out where they keep their defaults, and the attention block sizes where the
+        XLA attention runs (it reads none; a kernel's are always kept), so the data (and the
+        hash) of every other cell is what it always was."""
         data = dataclasses.asdict(self)
-        for name in TUNIX_GRPO_OPTIONS:
+        for name in (*TUNIX_GRPO_OPTIONS, "attention", "logits_chunk"):
             if data[name] == _DEFAULTS[name]:
+                del data[name]
+        if self.attention == "xla":
+            for name in ATTENTION_BLOCKS:
                 del data[name]
         return data
 
@@ -167,6 +190,10 @@ class CellSpec:
 
 TUNIX_GRPO_OPTIONS = ("loss_agg_mode", "beta", "epsilon", "epsilon_high", "epsilon_c")
 """CellSpec fields only the tunix-grpo loss reads."""
+ATTENTION_BLOCKS = ("attention_block_q", "attention_block_kv")
+"""CellSpec fields only an attention kernel reads."""
+DECODER_OPTIONS = ("attention", *ATTENTION_BLOCKS, "logits_chunk")
+"""CellSpec fields naming how our decoder computes (the same function either way)."""
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(CellSpec)}
 
 

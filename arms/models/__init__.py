@@ -7,7 +7,21 @@ from collections.abc import Callable
 import jax
 from flax import nnx
 
-from engine.model import run_once_options
+from engine.model import DecoderConfig, run_once_options
+
+
+def check_own_computation(config: DecoderConfig, model: str) -> None:
+    """Raises one ValueError where `config` asks our decoder's own way of computing (a Pallas
+    attention kernel, chunked logits) of `model`, a model that computes its attention and its
+    logits its own way. `attention="auto"` is accepted: it names our decoder's choice, and
+    other models run their own attention."""
+    if config.attention == "splash":
+        raise ValueError(f"--attention splash is our decoder's Pallas kernel; {model}'s model "
+                         "runs its own attention: use --attention xla or auto for its arms")
+    if config.logits_chunk:
+        raise ValueError(f"--logits-chunk {config.logits_chunk} chunks our decoder's head; "
+                         f"{model}'s model computes its whole logits: use --logits-chunk 0 "
+                         "for its arms")
 
 
 def compiled_module(make: Callable[[], nnx.Module], abstract: nnx.Module | None = None

@@ -32,7 +32,7 @@ from flax import nnx
 from flax.linen import spmd as linen_spmd
 from jax.sharding import AxisType, Mesh
 
-from arms.models import compiled_module
+from arms.models import check_own_computation, compiled_module
 from arms.models.paths import array_module, get_path, set_path
 from engine.model import Decoder, DecoderConfig, build_decoder
 from engine.model.sharding import MESH_AXES, abstract_on, check_fits, named_shardings
@@ -117,6 +117,7 @@ def check_expressible(config: DecoderConfig) -> None:
     if config.remat not in REMAT_POLICIES:
         raise ValueError(f"remat={config.remat!r} has no MaxText remat_policy; valid: "
                          f"{', '.join(REMAT_POLICIES)}")
+    check_own_computation(config, "MaxText")
 
 
 def maxtext_config(config: DecoderConfig, *, mesh_shape: dict[str, int] | None = None,

@@ -13,7 +13,7 @@ from flax import nnx
 from jax.interpreters import pxla
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from arms.models import compiled_module
+from arms.models import check_own_computation, compiled_module
 from arms.models.paths import array_module, get_path, set_path
 from engine.model import Decoder, DecoderConfig, attention_mask, build_decoder
 from engine.model.sharding import abstract_on, check_fits
@@ -34,6 +34,7 @@ def check_expressible(config: DecoderConfig) -> None:
         raise ValueError(f"remat={config.remat!r} has no equivalent in Tunix's Qwen3 (its "
                          f"RematConfig remats a whole layer or nothing); use --remat "
                          f"{' or '.join(REMAT_CONFIGS)} for the tunix arms")
+    check_own_computation(config, "Tunix")
 
 
 def tunix_model():

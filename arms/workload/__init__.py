@@ -13,6 +13,7 @@ from arms.workload.losses import (
     LossOutput,
     TokenCrossEntropy,
     forward,
+    target_logprobs,
 )
 from arms.workload.reference import (
     exact_by_micro_batch,
@@ -22,11 +23,12 @@ from arms.workload.reference import (
     max_rel_error,
     rel_l2,
 )
-from arms.workload.registry import LOSSES, get_loss
+from arms.workload.registry import LOSSES, check_decoder_options, get_loss
 
 __all__ = [
     "LOSSES", "ClippedPolicyGradient", "LossFn", "LossOutput", "MicroBatch", "TokenCrossEntropy",
-    "concatenate", "data_digest", "denominators", "exact_by_micro_batch", "exact_gradient",
-    "exact_loss_and_gradient",
-    "forward", "get_loss", "global_norm", "make_micro_batches", "max_rel_error", "rel_l2",
+    "check_decoder_options", "concatenate", "data_digest", "denominators",
+    "exact_by_micro_batch", "exact_gradient", "exact_loss_and_gradient", "forward",
+    "get_loss", "global_norm", "make_micro_batches", "max_rel_error", "rel_l2",
+    "target_logprobs",
 ]

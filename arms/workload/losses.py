@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from arms.workload.batches import MicroBatch
+from engine.model.head import logit_stats
 
 
 class LossOutput(NamedTuple):
@@ -36,10 +37,15 @@ def forward(model, batch: MicroBatch) -> jax.Array:
     return model(batch.tokens, batch.positions, batch.segment_ids)
 
 
-def _target_logprobs(logits_BxLxV: jax.Array, targets_BxL: jax.Array):
-    logz_BxL = jax.nn.logsumexp(logits_BxLxV, axis=-1)
-    target_logit_BxL = jnp.take_along_axis(logits_BxLxV, targets_BxL[..., None], axis=-1)[..., 0]
-    return target_logit_BxL - logz_BxL, logz_BxL
+def target_logprobs(model, batch: MicroBatch) -> tuple[jax.Array, jax.Array]:
+    """(log p(target), logsumexp of the logits) per token, float32. Our decoder computes them
+    itself (`Decoder.token_logprobs`: through its whole logits, or in chunks of positions
+    where its config's `logits_chunk` says so, never holding the [B, L, V] float32 logits);
+    any other model (MaxText's, Tunix's) from its whole logits."""
+    own = getattr(model, "token_logprobs", None)
+    if own is not None:
+        return own(batch.tokens, batch.positions, batch.segment_ids, batch.targets)
+    return logit_stats(forward(model, batch), batch.targets)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -53,7 +59,7 @@ class TokenCrossEntropy:
 
     def __call__(self, model, batch: MicroBatch) -> LossOutput:
         mask_BxL = batch.loss_mask.astype(jnp.float32)
-        logprob_BxL, logz_BxL = _target_logprobs(forward(model, batch), batch.targets)
+        logprob_BxL, logz_BxL = target_logprobs(model, batch)
         xent_sum = -jnp.sum(logprob_BxL * mask_BxL)
         aux = {"xent_sum": xent_sum}
         loss_sum = xent_sum
@@ -78,7 +84,7 @@ class ClippedPolicyGradient:
             raise ValueError("the grpo loss needs micro-batches built with grpo=True "
                              "(advantages and old_logprobs)")
         mask_BxL = batch.loss_mask.astype(jnp.float32)
-        logprob_BxL, _ = _target_logprobs(forward(model, batch), batch.targets)
+        logprob_BxL, _ = target_logprobs(model, batch)
         ratio_BxL = jnp.exp(logprob_BxL - batch.old_logprobs)
         clipped_BxL = jnp.clip(ratio_BxL, 1.0 - self.clip_eps, 1.0 + self.clip_eps)
         surrogate_BxL = jnp.minimum(ratio_BxL * batch.advantages, clipped_BxL * batch.advantages)

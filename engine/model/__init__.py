@@ -1,11 +1,13 @@
 """MaxText-style Qwen3 decoder: config and presets, modules, logical-axis sharding."""
 
-from engine.model.config import PRESETS, DecoderConfig, get_preset
+from engine.model.attention import AUTO_KERNEL, AUTO_KERNEL_MIN_SEQ
+from engine.model.config import ATTENTION_KINDS, PRESETS, DecoderConfig, get_preset
 from engine.model.decoder import (
     Decoder,
     abstract_decoder,
     attention_mask,
     build_decoder,
+    check_sequence,
     param_count,
     run_once_options,
 )
@@ -25,9 +27,11 @@ from engine.model.sharding import (
 )
 
 __all__ = [
+    "ATTENTION_KINDS", "AUTO_KERNEL", "AUTO_KERNEL_MIN_SEQ",
     "LOGICAL_AXIS_RULES", "MESH_AXES", "PRESETS", "Decoder", "DecoderConfig", "abstract_decoder",
     "abstract_on", "attention_mask",
-    "batch_sharding", "build_decoder", "check_fits", "constrain", "get_preset", "make_mesh",
+    "batch_sharding", "build_decoder", "check_fits", "check_sequence", "constrain", "get_preset",
+    "make_mesh",
     "named_shardings", "optimizer_shardings", "param_count", "parse_mesh_spec",
     "run_once_options", "shard_model", "sharding_context",
 ]

@@ -12,6 +12,11 @@ RematPolicy = Literal["none", "minimal", "full"]
 REMAT_POLICIES: tuple[str, ...] = typing.get_args(RematPolicy)
 """Rematerialization per block: nothing, save matmul outputs, or recompute everything."""
 
+AttentionKind = Literal["xla", "splash", "auto"]
+ATTENTION_KINDS: tuple[str, ...] = typing.get_args(AttentionKind)
+"""Attention implementations (engine.model.attention): XLA's einsums, the Pallas splash kernel,
+or the rule that picks between them."""
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DecoderConfig:
@@ -45,6 +50,25 @@ class DecoderConfig:
     """Stack the blocks' parameters on a leading `layers` axis and run them with lax.scan."""
     remat: RematPolicy = "none"
     """Rematerialization per block: "none", "minimal" (save matmul outputs) or "full"."""
+    attention: AttentionKind = "xla"
+    """Attention implementation: "xla" (einsums over the [B, L, S] mask), "splash" (JAX's
+    Pallas splash kernel: compiled on a TPU, in Pallas interpret mode elsewhere, which is
+    slow and meant for tests), or "auto": splash on a TPU from
+    engine.model.attention.AUTO_KERNEL_MIN_SEQ (4096) positions up where the block sizes
+    divide the length, xla everywhere else. "xla" stays the default until the chip's A/B
+    decides (docs/tpu-v5e.md)."""
+    attention_block_q: int = 512
+    """Query rows per block of the attention kernel (forward and backward). The default is
+    the chip's best measured at seq 4096 (issue 69); the kernel's own default, 128, was twice
+    as slow as XLA there."""
+    attention_block_kv: int = 1024
+    """Keys per block of the attention kernel (forward and backward; the chip's best at seq
+    4096 with 512-row query blocks)."""
+    logits_chunk: int = 0
+    """Positions per chunk of the output head and the loss's per-token statistics: the float32
+    logits exist one [B, logits_chunk, V] slice at a time, forward and backward
+    (engine.model.head); 0 computes the whole [B, L, V] at once. Read by the workload losses
+    through `Decoder.token_logprobs`; the decoder's call always returns whole logits."""
 
     def __post_init__(self):
         positive = ("vocab_size", "embed_dim", "num_layers", "num_heads", "num_kv_heads",
@@ -63,6 +87,16 @@ class DecoderConfig:
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat={self.remat!r}; valid: "
                              f"{', '.join(repr(p) for p in REMAT_POLICIES)}")
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention={self.attention!r}; valid: "
+                             f"{', '.join(repr(k) for k in ATTENTION_KINDS)}")
+        for name in ("attention_block_q", "attention_block_kv"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"DecoderConfig.{name} must be positive, got "
+                                 f"{getattr(self, name)}")
+        if self.logits_chunk < 0:
+            raise ValueError(f"logits_chunk={self.logits_chunk}: give the positions per chunk "
+                             "(> 0), or 0 for the whole logits at once")
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in ("float32", "bfloat16"):
                 raise ValueError(f"{name}={getattr(self, name)!r}; valid: 'float32', 'bfloat16'")
@@ -77,6 +111,11 @@ class DecoderConfig:
 
     def replace(self, **changes) -> DecoderConfig:
         return dataclasses.replace(self, **changes)
+
+    def plain(self) -> DecoderConfig:
+        """The same function computed the plain way: XLA attention and the whole logits at
+        once (what an exact reference runs, whatever kernel or chunking an arm uses)."""
+        return self.replace(attention="xla", logits_chunk=0)
 
 
 _QWEN3_COMMON = dict(vocab_size=151_936, head_dim=128, num_kv_heads=8,

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
+from engine.model.attention import attention, check_blocks, resolve, trace_platform
 from engine.model.config import DecoderConfig
+from engine.model.head import check_chunk, chunked_logprobs, head_logits, logit_stats
 from engine.model.sharding import (
     LOGICAL_AXIS_RULES,
     LogicalRules,
@@ -27,9 +30,6 @@ from engine.model.sharding import (
     constrain,
     named_shardings,
 )
-
-# Additive mask value for disallowed attention scores (finite, so a row can never be NaN).
-MASK_VALUE = -2.3819763e38
 
 BATCH_LEN_EMBED = ("activation_batch", "activation_length", "activation_embed")
 NORM_LEN_EMBED = ("activation_batch", "activation_norm_length", "activation_embed")
@@ -78,29 +78,24 @@ def apply_rope(x_BxLxNxH: jax.Array, positions_BxL: jax.Array, theta: float) -> 
     return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
 
 
-def attend(q_BxLxKxGxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
-           mask_BxLxS: jax.Array) -> jax.Array:
-    """softmax(q.k / sqrt(H), masked) . v for grouped queries, in q's dtype.
+class Masking(NamedTuple):
+    """What the attention of every layer is given besides its activations."""
 
-    The softmax is normalized after the value product: exp(scores - max) feeds the product
-    directly (XLA computes the exponentials inside the matmul's fusion) and the [B, L, K, G,
-    H] output is divided by their sum. Normalizing first would write the [B, K, G, L, S]
-    probabilities to memory and read them back, in the forward and again in the backward; on
-    the TPU plan of qwen3-1.7b at 4096 tokens that was 15% of a step's HBM traffic. Scores,
-    exponentials and sums are float32; the product takes the exponentials in q's dtype and
-    accumulates in float32. The max is a constant shift (it cancels in the ratio), so no
-    gradient flows through it.
-    """
-    dt, h = q_BxLxKxGxH.dtype, q_BxLxKxGxH.shape[-1]
-    scores_BxKxGxLxS = jnp.einsum("BLKGH,BSKH->BKGLS", q_BxLxKxGxH, k_BxSxKxH) * h**-0.5
-    scores_BxKxGxLxS = jnp.where(mask_BxLxS[:, None, None], scores_BxKxGxLxS, MASK_VALUE)
-    scores_BxKxGxLxS = scores_BxKxGxLxS.astype(jnp.float32)
-    max_BxKxGxLx1 = jax.lax.stop_gradient(jnp.max(scores_BxKxGxLxS, axis=-1, keepdims=True))
-    exps_BxKxGxLxS = jnp.exp(scores_BxKxGxLxS - max_BxKxGxLx1)
-    sum_BxLxKxG = jnp.einsum("BKGLS->BLKG", exps_BxKxGxLxS)
-    o_BxLxKxGxH = jnp.einsum("BKGLS,BSKH->BLKGH", exps_BxKxGxLxS.astype(dt), v_BxSxKxH,
-                             preferred_element_type=jnp.float32)
-    return (o_BxLxKxGxH / sum_BxLxKxG[..., None]).astype(dt)
+    kind: str
+    """The implementation resolved for this program: "xla" or a kernel (`resolve`)."""
+    segment_ids: jax.Array
+    """[B, L] packed-document id per token (the kernels' masking)."""
+    mask: jax.Array | None
+    """[B, L, S] causal same-segment mask (the XLA path's; None where a kernel runs)."""
+
+
+def masking(config: DecoderConfig, segment_ids_BxL: jax.Array) -> Masking:
+    """The attention implementation `config.attention` resolves to for this length on the
+    platform being traced for, and what it reads (the [B, L, S] mask only for XLA)."""
+    kind = resolve(config.attention, seq=segment_ids_BxL.shape[1], platform=trace_platform(),
+                   block_q=config.attention_block_q, block_kv=config.attention_block_kv)
+    mask_BxLxS = attention_mask(segment_ids_BxL) if kind == "xla" else None
+    return Masking(kind, segment_ids_BxL, mask_BxLxS)
 
 
 class Attention(nnx.Module):
@@ -122,7 +117,7 @@ class Attention(nnx.Module):
         self.config = config
 
     def __call__(self, x_BxLxD: jax.Array, positions_BxL: jax.Array,
-                 mask_BxLxS: jax.Array) -> jax.Array:
+                 masks: Masking) -> jax.Array:
         c, dt = self.config, self.config.compute_dtype
         q_BxLxNxH = jnp.einsum("BLD,DNH->BLNH", x_BxLxD, self.query[...].astype(dt))
         k_BxSxKxH = jnp.einsum("BSD,DKH->BSKH", x_BxLxD, self.key[...].astype(dt))
@@ -138,7 +133,10 @@ class Attention(nnx.Module):
 
         b, length, n, h = q_BxLxNxH.shape
         q_BxLxKxGxH = q_BxLxNxH.reshape(b, length, c.num_kv_heads, n // c.num_kv_heads, h)
-        o_BxLxKxGxH = attend(q_BxLxKxGxH, k_BxSxKxH, v_BxSxKxH, mask_BxLxS)
+        o_BxLxKxGxH = attention(q_BxLxKxGxH, k_BxSxKxH, v_BxSxKxH, kind=masks.kind,
+                                segment_ids_BxL=masks.segment_ids,
+                                mask_BxLxS=masks.mask, block_q=c.attention_block_q,
+                                block_kv=c.attention_block_kv)
         o_BxLxNxH = constrain(o_BxLxKxGxH.reshape(b, length, n, h), (
             "activation_batch", "activation_length", "activation_heads", "activation_kv"))
         out_BxLxD = jnp.einsum("BLNH,NHD->BLD", o_BxLxNxH, self.out[...].astype(dt))
@@ -178,9 +176,9 @@ class DecoderBlock(nnx.Module):
         self.mlp = MLP(config, rngs=rngs, stack=stack)
 
     def __call__(self, x_BxLxD: jax.Array, positions_BxL: jax.Array,
-                 mask_BxLxS: jax.Array) -> jax.Array:
+                 masks: Masking) -> jax.Array:
         normed_BxLxD = constrain(self.pre_attention_norm(x_BxLxD), NORM_LEN_EMBED)
-        x_BxLxD = x_BxLxD + self.attention(normed_BxLxD, positions_BxL, mask_BxLxS)
+        x_BxLxD = x_BxLxD + self.attention(normed_BxLxD, positions_BxL, masks)
         normed_BxLxD = constrain(self.pre_mlp_norm(x_BxLxD), NORM_LEN_EMBED)
         return constrain(x_BxLxD + self.mlp(normed_BxLxD), BATCH_LEN_EMBED)
 
@@ -218,15 +216,16 @@ class Decoder(nnx.Module):
             self.head = _param(rngs, (c.embed_dim, c.vocab_size), ("embed", "vocab"),
                                stddev=c.embed_dim**-0.5, dtype=c.storage_dtype, stack=None)
 
-    def __call__(self, tokens_BxL: jax.Array, positions_BxL: jax.Array,
-                 segment_ids_BxL: jax.Array) -> jax.Array:
+    def hidden(self, tokens_BxL: jax.Array, positions_BxL: jax.Array,
+               segment_ids_BxL: jax.Array) -> jax.Array:
+        """The final normed hidden states [B, L, D] (what the head multiplies)."""
         c, dt = self.config, self.config.compute_dtype
-        mask_BxLxS = attention_mask(segment_ids_BxL)
+        masks = masking(c, segment_ids_BxL)
         x_BxLxD = constrain(self.embedding[...][tokens_BxL].astype(dt), BATCH_LEN_EMBED)
 
         def run_block(block_graph, block_state, x_BxLxD):
             block = nnx.merge(block_graph, block_state)
-            return block(x_BxLxD, positions_BxL, mask_BxLxS)
+            return block(x_BxLxD, positions_BxL, masks)
 
         if c.scan_layers:
             graph, stacked = nnx.split(self.layers)
@@ -236,12 +235,40 @@ class Decoder(nnx.Module):
             for block in self.layers:
                 graph, state = nnx.split(block)
                 x_BxLxD = _remat(lambda s, x, g=graph: run_block(g, s, x), c.remat)(state, x_BxLxD)
+        return constrain(self.final_norm(x_BxLxD), NORM_LEN_EMBED)
 
-        x_BxLxD = constrain(self.final_norm(x_BxLxD), NORM_LEN_EMBED)
-        head_DxV = self.embedding[...].T if c.tie_embeddings else self.head[...]
-        logits_BxLxV = jnp.einsum("BLD,DV->BLV", x_BxLxD, head_DxV.astype(dt))
-        return constrain(logits_BxLxV.astype(jnp.float32),
-                         ("activation_batch", "activation_length", "activation_vocab"))
+    def head_matrix(self) -> jax.Array:
+        """The output head [D, V] in its stored dtype: the transposed embedding where tied."""
+        return self.embedding[...].T if self.config.tie_embeddings else self.head[...]
+
+    def __call__(self, tokens_BxL: jax.Array, positions_BxL: jax.Array,
+                 segment_ids_BxL: jax.Array) -> jax.Array:
+        """float32 logits [B, L, V], whole (whatever `logits_chunk` says)."""
+        x_BxLxD = self.hidden(tokens_BxL, positions_BxL, segment_ids_BxL)
+        return head_logits(x_BxLxD, self.head_matrix(), self.config.compute_dtype)
+
+    def token_logprobs(self, tokens_BxL: jax.Array, positions_BxL: jax.Array,
+                       segment_ids_BxL: jax.Array,
+                       targets_BxL: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """(log p(target), logsumexp of the logits) per position, float32: from the whole
+        logits, or `config.logits_chunk` positions at a time (engine.model.head), the head
+        read as stored (a tied embedding [V, D], an untied head [D, V])."""
+        c = self.config
+        x_BxLxD = self.hidden(tokens_BxL, positions_BxL, segment_ids_BxL)
+        if not c.logits_chunk:
+            return logit_stats(head_logits(x_BxLxD, self.head_matrix(), c.compute_dtype),
+                               targets_BxL)
+        head, layout = ((self.embedding[...], "VD") if c.tie_embeddings
+                        else (self.head[...], "DV"))
+        return chunked_logprobs(x_BxLxD, head, targets_BxL, chunk=c.logits_chunk,
+                                dtype=c.compute_dtype, layout=layout)
+
+
+def check_sequence(config: DecoderConfig, seq: int) -> None:
+    """Raises one ValueError where `config`'s kernel blocks or logits chunk cannot tile
+    sequences of length `seq` (before anything is built)."""
+    check_blocks(config.attention, seq, config.attention_block_q, config.attention_block_kv)
+    check_chunk(config.logits_chunk, seq)
 
 
 def build_decoder(config: DecoderConfig, *, seed: int = 0, mesh: Mesh | None = None,

@@ -148,11 +148,11 @@ def _reference_model(spec, like=None):
 
     from engine.model import Decoder, build_decoder, make_mesh
 
+    config = spec.model_config().plain()  # XLA attention, whole logits: what any arm runs
     if like is None:
         one_device = make_mesh("", devices=jax.local_devices()[:1])
-        return build_decoder(spec.model_config(), seed=spec.seed, mesh=one_device)
-    graph = nnx.split(nnx.eval_shape(
-        lambda: Decoder(spec.model_config(), rngs=nnx.Rngs(spec.seed))))[0]
+        return build_decoder(config, seed=spec.seed, mesh=one_device)
+    graph = nnx.split(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(spec.seed))))[0]
     return nnx.merge(graph, nnx.state(like))
 
 

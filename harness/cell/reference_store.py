@@ -35,8 +35,10 @@ from harness.contract import REFERENCE_BOUND, cell_hash
 DEFAULT_BOUND_GB = 16.0
 """The store's default size bound: a qwen3-0.6b reference is 2.4 GB (its float32
 gradient), so six shapes of it stay."""
-NOT_IN_KEY = ("mesh", "optimizer", "learning_rate", "clip")
-"""Spec fields a reference does not depend on: it runs on one device, before any update."""
+NOT_IN_KEY = ("mesh", "optimizer", "learning_rate", "clip", "attention", "attention_block_q",
+              "attention_block_kv", "logits_chunk")
+"""Spec fields a reference does not depend on: it runs on one device, before any update,
+through our decoder's plain computation (XLA attention, whole logits) whatever the arm's."""
 SOURCES = ("engine/model", "arms/workload", "arms/spec.py")
 """The code a reference is computed by, relative to the repository: its digest is in the key."""
 SEPARATOR = "/"

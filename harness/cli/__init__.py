@@ -13,6 +13,7 @@ import sys
 
 from harness.cli.command import Command, Parser
 from harness.cli.grid_commands import AB, Bisect, Launch, Nightly, Plan, Run, SelftestError
+from harness.cli.kernels import Kernels
 from harness.cli.stored import (
     Arms,
     Compare,
@@ -26,7 +27,7 @@ from harness.cli.stored import (
 from harness.cli.watch import Stopped
 
 COMMANDS: tuple[type[Command], ...] = (Selftest, Env, Arms, Run, Plan, Launch, Nightly, AB,
-                                        Bisect, Compare, Explain, Report, Publish, Trace)
+                                        Bisect, Compare, Explain, Report, Publish, Trace, Kernels)
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -34,7 +34,6 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     from arms.spec import OPTIMIZERS
     from arms.workload import LOSSES
     from arms.workload.tunix_grpo import AGG_MODES
-    from engine.model.config import REMAT_POLICIES
     from harness.grid import suites
 
     parser.add_argument("--suite", help=f"named suite ({', '.join(suites.names())}); other "
@@ -74,8 +73,7 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimizer", choices=list(OPTIMIZERS), help="optax optimizer")
     parser.add_argument("--ragged", type=_csv(int), help="loss tokens per micro-batch, e.g. "
                                                          "64,16,40,8 (applies where GA matches)")
-    parser.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=None)
-    parser.add_argument("--remat", choices=list(REMAT_POLICIES))
+    add_decoder_arguments(parser)
     parser.add_argument("--timeout", type=float, help="seconds before a cell is killed")
     parser.add_argument("--cpu-devices", type=int, help="emulate N CPU devices (CPU backend)")
     parser.add_argument("--no-parity", action="store_true", help="skip the exact-gradient check")
@@ -98,6 +96,26 @@ def _add_device_arguments(parser: argparse.ArgumentParser) -> None:
                              "stopping at once (exit 2, nothing written)")
 
 
+def add_decoder_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model options: how layers are laid out and rematerialized, and how our decoder
+    computes attention and its logits (the same function either way)."""
+    from engine.model.config import ATTENTION_KINDS, REMAT_POLICIES
+
+    parser.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--remat", choices=list(REMAT_POLICIES))
+    parser.add_argument("--attention", choices=list(ATTENTION_KINDS),
+                        help="our decoder's attention: xla (default), splash (JAX's Pallas "
+                             "kernel; interpret mode off a TPU: slow) or auto (splash on a "
+                             "TPU from seq 4096 up, xla elsewhere)")
+    parser.add_argument("--attention-block-q", type=int,
+                        help="query rows per attention-kernel block (default 512)")
+    parser.add_argument("--attention-block-kv", type=int,
+                        help="keys per attention-kernel block (default 1024)")
+    parser.add_argument("--logits-chunk", type=int,
+                        help="positions per chunk of our decoder's head and loss (no [B, S, V] "
+                             "float32 logits); 0 (default): the whole logits at once")
+
+
 def request(args: argparse.Namespace, out: Path):
     """What the grid arguments ask for (a harness.jobs.grid.Request; None where an option
     was not given)."""
@@ -111,6 +129,8 @@ def request(args: argparse.Namespace, out: Path):
         "optimizer": args.optimizer, "ragged": args.ragged, "timeout_s": args.timeout,
         "cpu_devices": args.cpu_devices, "trace_steps": args.trace_steps,
         "scan_layers": args.scan_layers, "remat": args.remat, "trace": args.trace,
+        "attention": args.attention, "attention_block_q": args.attention_block_q,
+        "attention_block_kv": args.attention_block_kv, "logits_chunk": args.logits_chunk,
         "trace_hlo": args.trace_hlo, "parity": False if args.no_parity else None,
         "loss_agg_mode": args.loss_agg_mode, "beta": args.beta, "epsilon": args.epsilon,
         "epsilon_high": args.epsilon_high, "epsilon_c": args.epsilon_c,

@@ -141,12 +141,46 @@ def short_shape(shape: str, arrays: int = 2) -> str:
     return f"({', '.join(found[:arrays])}{more})"
 
 
+def _depth(text: str) -> int:
+    """Brackets opened minus closed in `text`, outside double-quoted strings."""
+    depth, quoted, escaped = 0, False, False
+    for ch in text:
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = quoted
+        elif ch == '"':
+            quoted = not quoted
+        elif not quoted and ch in "({[":
+            depth += 1
+        elif not quoted and ch in ")}]":
+            depth -= 1
+    return depth
+
+
+def logical_lines(hlo_text: str) -> list[str]:
+    """The text's lines, each instruction on one: an instruction whose attributes run over
+    several lines (a Pallas kernel's custom call carries a backend config with line breaks
+    between its JSON fields) is joined into one line, the breaks made spaces."""
+    lines: list[str] = []
+    open_depth = 0
+    for line in hlo_text.splitlines():
+        if open_depth > 0:
+            lines[-1] += " " + line.strip()
+            open_depth += _depth(line)
+        else:
+            lines.append(line)
+            if _INSTRUCTION.match(line):
+                open_depth = _depth(line)
+    return lines
+
+
 def parse(hlo_text: str) -> Module:
     """The computations of an optimized HLO module's text (`Compiled.as_text()`)."""
     computations: dict[str, list[Instruction]] = {}
     header_line: dict[str, int] = {}
     entry, current = None, None
-    lines = hlo_text.splitlines()
+    lines = logical_lines(hlo_text)
     for index, line in enumerate(lines):
         if current is None:
             header = _HEADER.match(line)

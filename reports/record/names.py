@@ -19,11 +19,17 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def cell_name(arm: str | None, spec: Spec | None) -> str:
-    """'engine tiny seq=32 batch=8 ga=4 [mesh=fsdp=8]': a cell as people name it."""
+    """'engine tiny seq=32 batch=8 ga=4 [mesh=fsdp=8] [attention=splash/512x1024]
+    [logits_chunk=256]': a cell as people name it (our decoder's options where not the
+    default, so cells that differ only by them read apart)."""
     if spec is None:
         return f"{arm} (no spec)"
+    attention = "" if spec.attention == "xla" else f" attention={spec.attention}" + (
+        f"/{spec.attention_block_q}x{spec.attention_block_kv}"
+        if spec.attention_block_q and spec.attention_block_kv else "")
     return (f"{arm} {spec.preset} seq={spec.seq} batch={spec.batch} ga={spec.ga}"
-            f"{' mesh=' + spec.mesh if spec.mesh else ''}")
+            f"{' mesh=' + spec.mesh if spec.mesh else ''}{attention}"
+            f"{f' logits_chunk={spec.logits_chunk}' if spec.logits_chunk else ''}")
 
 
 def path_safe(name: str) -> str:

@@ -50,6 +50,12 @@ class Spec:
     epsilon: float = 0.2
     epsilon_high: float | None = None
     epsilon_c: float | None = None
+    attention: str = "xla"
+    """Our decoder's attention, and its kernel's block sizes (absent where XLA's ran)."""
+    attention_block_q: int = 512
+    attention_block_kv: int = 1024
+    logits_chunk: int = 0
+    """Positions per chunk of our decoder's head and loss (0: whole logits; absent at 0)."""
 
 
 @_section
@@ -134,17 +140,14 @@ class Timing:
     steal: float | None = None
     """Share of the CPU time the hypervisor gave other guests during the window (/proc/stat)."""
     other_load: float | None = None
-    """Share of the machine's CPU time other processes kept busy during the window (the
-    machine's busy time in /proc/stat less the cell process's own); None where unreadable."""
+    """Share of the CPU time other processes kept busy during the window (/proc/stat)."""
     slices: list[int] | None = None
     """In-process pairing: the steps of each slice, in the order they ran (`step_ms` is
     their concatenation; slice i of every arm of the process ran next to each other);
     lockstep A/B: slice i of A's and of B's process ran next to each other. None: one
     uninterrupted window."""
     compile_log: list[dict] | None = None
-    """Every backend compile of the cell's process, in order: {"program" (JAX's name),
-    "seconds", "cached" (loaded from the persistent compilation cache), "phase" (the cell
-    phase it happened in: `fit`, `build`, `reference`, ...)}."""
+    """Every backend compile of the process in order: {program, seconds, cached, phase}."""
 
     def sliced(self) -> list[list[float]] | None:
         """`step_ms` cut into its slices; None for one uninterrupted window."""
@@ -217,8 +220,7 @@ class Memory:
     reserved outside `peak_bytes_in_use`); None per device where the backend has none, and
     None in records written before it existed."""
     device_stats_after: dict[str, list[dict[str, int] | None]] | None = None
-    """The same readings at the end of "build" (no step run yet) and "warmup": a peak
-    reached by the build's end is the build's (no API resets a peak)."""
+    """The same read when "build" and "warmup" ended (a peak the build reached is its own)."""
 
 
 @_section
@@ -261,7 +263,8 @@ class Cost:
 
 @_section
 class Parity:
-    """The first warmup step's gradient vs the exact sum/sum reference."""
+    """The first step's gradient (a step of its own, after the timed window) vs the exact
+    sum/sum reference."""
 
     data_digest: str
     """sha256 of the step's micro-batches: equal digests, equal data."""
@@ -282,15 +285,12 @@ class Parity:
     reference_shared: bool = False
     """The exact reference was read back from the reference store (harness.cell.reference)."""
     trainer_denominator: float | None = None
-    """What the arm's trainer divided its accumulated gradient by, as the trainer reports or
-    configures it (our engine's and MaxText's engine's summed denominators; PeftTrainer's
-    accumulation count, each micro-batch mean counting 1); None where the trainer says
-    nothing (native) or in records written without the field."""
+    """What the arm's trainer divided its accumulated gradient by, as it reports or
+    configures it (summed denominators; PeftTrainer's accumulation count); None where the
+    trainer says nothing (native)."""
     floor_rel_l2: float | None = None
-    """For a compute dtype below float32: ||g_exact - g_exact32|| / ||g_exact32||, the
-    distance the dtype's arithmetic alone puts between the exact reference and the same
-    reference computed in float32 (same weights and data). None for float32 cells. The
-    parity tolerance of such a cell is sized by it (reports.parity.tolerance)."""
+    """Where the arithmetic rounds: ||g_exact - g_exact32|| / ||g_exact32||, the exact
+    reference's distance from the same in exact float32; its tolerance is sized by it."""
     reference_s: float | None = None
     """Seconds this cell spent getting its reference (computing or reading it back)."""
     reference_computed_s: float | None = None

@@ -30,7 +30,8 @@ log (`timing.compile_log`), no memory readings after the build and the warmup
 (`memory.device_stats_after`), and no cost of its reference (`parity.reference_s`,
 `parity.reference_computed_s`); its gradient check read a capture chained into the timed
 step (`run.parity`: the step timed was the trainer's with the capture in front of its
-optimizer)."""
+optimizer); its spec had none of our decoder's attention and logits options
+(`spec.attention`, `attention_block_q`, `attention_block_kv`, `logits_chunk`)."""
 
 
 def upgrade(data: dict, where: str = "record") -> dict:

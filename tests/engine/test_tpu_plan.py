@@ -142,7 +142,7 @@ def long_attention(tmp_path_factory):
 
 def test_no_attention_sized_buffer_reaches_hbm(long_attention):
     """The decoder's attention normalizes its output, not its probabilities
-    (`engine.model.decoder.attend`): at this size XLA:TPU then computes scores,
+    (`engine.model.attention.attend`): at this size XLA:TPU then computes scores,
     exponentials and the value product inside fusions, in on-chip memory, and no [.., L, S]
     buffer of the forward, its rematerialization or the backward is written to HBM. With
     the softmax normalized first, the plan keeps a float32 probability-sized buffer in HBM

@@ -37,6 +37,26 @@ def test_a_cell_spec_with_ragged_counts_is_a_valid_spec_section():
     assert section(Spec, spec.to_dict()).ragged == [64, 16, 40, 8]
 
 
+def test_our_decoders_options_are_spec_fields_and_name_the_cell_apart():
+    """A cell run with a kernel or chunked logits reads back, and is named apart from the
+    same shape run the plain way (their records hash apart too)."""
+    from reports.record import cell_name
+
+    plain = section(Spec, CellSpec(preset="tiny", seq=1024).to_dict())
+    kernel = section(Spec, CellSpec(preset="tiny", seq=1024, attention="splash",
+                                    logits_chunk=256).to_dict())
+    assert (kernel.attention, kernel.attention_block_q, kernel.attention_block_kv,
+            kernel.logits_chunk) == ("splash", 512, 1024, 256)
+    assert (plain.attention, plain.logits_chunk) == ("xla", 0)
+    # read back, a spec builds the same cell (the blocks XLA does not read at their defaults)
+    assert CellSpec.from_dict(plain.__dict__) == CellSpec(preset="tiny", seq=1024)
+    assert CellSpec.from_dict(kernel.__dict__).to_dict() == CellSpec(
+        preset="tiny", seq=1024, attention="splash", logits_chunk=256).to_dict()
+    assert cell_name("engine", plain) == "engine tiny seq=1024 batch=8 ga=1"
+    assert cell_name("engine", kernel) == ("engine tiny seq=1024 batch=8 ga=1 "
+                                           "attention=splash/512x1024 logits_chunk=256")
+
+
 @pytest.mark.parametrize(("change", "message"), [
     (lambda r: r["timing"].pop("steps"), "missing field 'timing.steps'"),
     (lambda r: r["timing"]["stats"].update(cv="high"), "field 'timing.stats.cv': expected float"),

@@ -6,7 +6,8 @@ from flax import nnx
 
 from arms.workload import TokenCrossEntropy, make_micro_batches, rel_l2
 from engine.model import Decoder, get_preset
-from engine.model.decoder import attend, attention_mask
+from engine.model.attention import attend
+from engine.model.decoder import attention_mask
 
 
 def _batch(config, seed=0, batch_size=2, seq_len=32):

@@ -56,3 +56,26 @@ def test_a_batch_given_replaces_the_suites_rows_per_micro_batch():
     assert given["batch"] == [8] and "micro_batch" not in given
     rows = merge({"micro_batch": [1]}, suite="tpu-v5e")
     assert rows["micro_batch"] == [1]
+
+
+def test_our_decoders_options_reach_every_cell_from_the_command_line_and_suites():
+    """--attention, --attention-block-q/kv and --logits-chunk (or the same keys in a suite)
+    become each cell's spec; a grid an arm cannot take is refused before anything runs."""
+    from harness.cli import build_parser
+    from harness.cli.grid_args import request
+    from harness.grid.options import merge
+
+    args = build_parser(only="run").parse_args(
+        ["run", "--arms", "engine,native", "--preset", "tiny", "--seq", "256", "--attention",
+         "splash", "--attention-block-q", "128", "--attention-block-kv", "256",
+         "--logits-chunk", "64"])
+    options = merge(request(args, out=None).explicit)
+    cells = expand(options)
+    assert {c.arm for c in cells} == {"engine", "native"}
+    for cell in cells:
+        assert {k: cell.spec[k] for k in ("attention", "attention_block_q",
+                                           "attention_block_kv", "logits_chunk")} == {
+            "attention": "splash", "attention_block_q": 128, "attention_block_kv": 256,
+            "logits_chunk": 64}
+    with pytest.raises(ValueError, match="--attention splash is our decoder's Pallas kernel"):
+        expand({**options, "arms": ["engine", "peft-tunix"], "remat": "full"})

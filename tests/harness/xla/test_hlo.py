@@ -74,3 +74,47 @@ def test_parse_reads_tuple_shapes_and_memory_spaces():
     """Arrays staged in on-chip memory (S(1)) are not HBM traffic; tuples count whole."""
     assert hlo.array_bytes("(f32[4,8]{1,0}, bf16[16]{0:T(8)S(1)})") == 4 * 32 + 2 * 16
     assert hlo.array_bytes("(f32[4,8]{1,0}, bf16[16]{0:T(8)S(1)})", hbm_only=True) == 4 * 32
+
+
+PALLAS_BODY = '''HloModule m, num_partitions=1
+
+%body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %p = (s32[], f32[8]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[8] get-tuple-element(%p), index=1
+  %k = f32[8] custom-call(%x), custom_call_target="tpu_custom_call", frontend_attributes={m={
+"xprof_metadata":"{\\"block_q\\": 512}"
+}}, backend_config={"custom_call_config":{"body":"x)}{"}}
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %out = (s32[], f32[8]) tuple(%next, %k)
+}
+
+%cond (c: (s32[], f32[8])) -> pred[] {
+  %c = (s32[], f32[8]) parameter(0)
+  %j = s32[] get-tuple-element(%c), index=0
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(%j, %n), direction=LT
+}
+
+ENTRY %main (a: f32[8]) -> f32[8] {
+  %a = f32[8] parameter(0)
+  %zero = s32[] constant(0)
+  %t = (s32[], f32[8]) tuple(%zero, %a)
+  %w = (s32[], f32[8]) while(%t), condition=%cond, body=%body
+  ROOT %r = f32[8] get-tuple-element(%w), index=1
+}
+'''
+
+
+def test_an_instruction_whose_attributes_run_over_lines_is_one_instruction():
+    """A Pallas kernel's custom call (splash attention on a TPU) prints its frontend
+    attributes over several lines, one starting with '}': the loop body keeps the
+    instructions after it, its ROOT included, and brackets inside strings do not count."""
+    module = hlo.parse(PALLAS_BODY)
+    assert [i.name for i in module.computations["body"]] == ["p", "i", "x", "k", "one",
+                                                              "next", "out"]
+    assert module.root("body").name == "out"
+    assert module.by_name["k"].operands == ("x",)
+    assert 'custom_call_target="tpu_custom_call"' in module.by_name["k"].attributes
+    assert len(module.lines) == len(PALLAS_BODY.splitlines()) - 2
