@@ -23,13 +23,16 @@ def test_the_holder_is_read_from_libtpu_s_words():
 
 
 def test_the_message_names_the_holding_process_and_what_to_do():
-    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) as sleeper:
+    code = "print('up', flush=True); import time; time.sleep(30)"
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                          text=True) as sleeper:
         try:
+            assert sleeper.stdout.readline() == "up\n"  # its command line is its own now
             line = held_message(sleeper.pid, waited_s=0)
         finally:
             sleeper.kill()
     assert line.startswith(f"the TPU is held by process {sleeper.pid} ({sys.executable} -c "
-                           "import time; time.sleep(30)); only one process may open it")
+                           f"{code}); only one process may open it"), line
     assert f"kill {sleeper.pid}" in line and "--wait-for-device SECONDS" in line
     assert "\n" not in line
     gone = held_message(2**22 + 1, waited_s=30)  # no such process: named by its pid alone
