@@ -315,11 +315,7 @@ class AB(Command):
         from harness.jobs import ab
         from harness.store.layout import OutDir
 
-        if args.threshold is not None:
-            check_fraction(args.threshold)
-        wanted = request(args, args.out)
-        options = check(wanted, defaults={"rounds": ab.ROUNDS, "steps": ab.STEPS,
-                                          "trace": False})
+        wanted, options = _ab_request(args)
         stacks = {"A": _stack(args.python_a, args.site_a),
                   "B": _stack(args.python_b, args.site_b)}
         result = ab.ab(args.ref_a, args.ref_b, wanted, options, pairing=args.pairing,
@@ -333,6 +329,18 @@ class AB(Command):
         out.ab_markdown.write_text(text)
         print(text)
         return 1 if result.slower and not args.no_fail else 0
+
+
+def _ab_request(args) -> tuple:
+    """(request, checked options) of an A/B's arguments (ab, bisect): its threshold a
+    fraction, its rounds and steps A/B's defaults unless given, untraced."""
+    from harness.jobs import ab
+
+    if args.threshold is not None:
+        check_fraction(args.threshold)
+    wanted = request(args, args.out)
+    return wanted, check(wanted, defaults={"rounds": ab.ROUNDS, "steps": ab.STEPS,
+                                           "trace": False})
 
 
 class Bisect(Command):
@@ -362,11 +370,7 @@ class Bisect(Command):
         from harness.jobs import bisect as bisect_job
         from harness.store.layout import OutDir
 
-        if args.threshold is not None:
-            check_fraction(args.threshold)
-        wanted = request(args, args.out)
-        options = check(wanted, defaults={"rounds": ab.ROUNDS, "steps": ab.STEPS,
-                                          "trace": False})
+        wanted, options = _ab_request(args)
         stack = _stack(args.python, args.site)
         extra = _ab_extra(args) + [arg for side in "ab" for flag, value in (
             (f"--python-{side}", args.python), (f"--site-{side}", args.site))
