@@ -6,17 +6,16 @@ once: the build loads it; a cell that cannot fit is refused here, harness.cell.f
 + compile (timed apart) -> the warmup steps -> the executables' planned memory, and on the
 CPU backend the host heap they will reuse faulted in (harness.measure.memory.reserve_heap)
 -> the untraced timed window (after a full garbage collection: per-step wall, dispatch and
-wait; GC pauses; RSS high-water) ->
-compiled cost of the executables -> an optional traced window (never the timed one) -> the
-devices' peak memory -> the arm closed and its device buffers released -> where parity is
-checked, the parity step (a fresh arm of the same work built and stepped once, the gradient
-its optimizer saw read back from the optimizer's own state: nothing is added to the
-trainer's program, and nothing of the check is in the process while it is timed) and the
-exact reference gradient, both after every measurement so that neither can pollute it, and
-guarded so that nothing they do loses what was measured (harness.cell.reference). Each
-phase is a small function (harness.cell.sections, harness.cell.reference) returning its
-section of the `reports.record.Record` the cell writes. A cell with a plan target is
-planned instead (harness.cell.plan).
+wait; GC pauses; RSS high-water) -> compiled cost of the executables -> an optional traced
+window (never the timed one) -> the devices' peak memory -> the arm closed and its device
+buffers released -> where parity is checked, the parity step (a fresh arm of the same work
+built and stepped once, the gradient its optimizer saw read back from the optimizer's own
+state: nothing is added to the trainer's program, and nothing of the check is in the process
+while it is timed) and the exact reference gradient, both after every measurement so that
+neither can pollute it, and guarded so that nothing they do loses what was measured
+(harness.cell.reference). Each phase is a small function (harness.cell.sections,
+harness.cell.reference) returning its section of the `reports.record.Record` the cell
+writes. A cell with a plan target is planned instead (harness.cell.plan).
 """
 
 from __future__ import annotations

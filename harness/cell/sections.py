@@ -52,12 +52,12 @@ def warm_up(arm, batches, run: CellRun) -> float:
 def parity_step(choice, spec) -> tuple[dict, float, float | None]:
     """(the gradient its optimizer saw, loss, trainer's denominator) of the first step of
     a fresh arm of `choice` on `spec`, built, stepped once and closed here: after the
-    measured arm is gone, so nothing of the check is in the process while it is timed (a
-    2.4 GB host copy of qwen3-0.6b's gradient held through the timed window made its host
-    dispatch 0.4-1.7 ms slower on the TPU v5e host). The same weights and batches make the
-    same first step, and its compiles are the measured arm's, loaded from the run's
-    cache. The gradient is read back from the optimizer's own state (Arm.seen_gradient), on
-    the host in our decoder's layout."""
+    measured arm is gone, so nothing of the check is in the process while it is timed (on
+    the TPU v5e host, cells that held a 2.4 GB host copy of qwen3-0.6b's gradient through
+    the timed window dispatched 0.2-1.7 ms a step slower than unchecked ones). The same
+    weights and batches make the same first step, and its compiles are the measured arm's,
+    loaded from the run's cache. The gradient is read back from the optimizer's own state
+    (Arm.seen_gradient), on the host in our decoder's layout."""
     arm, _ = build_arm(choice.make(spec))
     block(arm.step(arm.place(spec.micro_batches(0))))
     found = (arm.seen_gradient(host_gather), arm.last_loss(), arm.trainer_denominator())
