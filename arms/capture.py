@@ -43,10 +43,16 @@ def with_capture(tx: optax.GradientTransformation, dtype=None) -> optax.Gradient
     return optax.chain(capture_gradient(dtype), tx)
 
 
+def states_of(opt_state, kind: type) -> list:
+    """Every state of transform state type `kind` (a NamedTuple: CapturedGradient, optax's
+    ScaleByAdamState, ...) in `opt_state`, in tree order."""
+    return [x for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, kind))
+            if isinstance(x, kind)]
+
+
 def captured_gradient(opt_state) -> Any:
     """The gradient kept by the (first) capture transform found in `opt_state`."""
-    found = [x for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(
-        x, CapturedGradient)) if isinstance(x, CapturedGradient)]
+    found = states_of(opt_state, CapturedGradient)
     if not found:
         raise ValueError("no capture_gradient() state in this optimizer state; build the "
                          "optimizer with arms.capture.with_capture(tx)")

@@ -24,7 +24,6 @@ from reports import baseline, stats
 from reports.parity import PASS, TOLERANCE_RULE
 from reports.tables import (
     MISSING,
-    SHAPE,
     arm_view,
     by_shape,
     failed,
@@ -36,6 +35,7 @@ from reports.tables import (
     not_run,
     number,
     ok,
+    plan_sourced,
     recompiles,
     same_shape,
     shape_label,
@@ -73,10 +73,7 @@ def _source_tag(frame: pd.DataFrame, row, column) -> str:
     two sources (then the figures are not one count; each says which it is), '' else."""
     if column not in SOURCED or "cost_source" not in row.index or _value(row, column) is None:
         return ""
-    shape = frame
-    for column_of_shape in SHAPE:
-        shape = shape[shape[column_of_shape] == row[column_of_shape]]
-    sources = set(shape["cost_source"].dropna())
+    sources = set(same_shape(frame, row, None)["cost_source"].dropna())
     return f" [{row['cost_source']}]" if len(sources) > 1 else ""
 
 
@@ -118,8 +115,7 @@ def _exact_columns(frame: pd.DataFrame) -> list[tuple]:
     """EXACT, each figure from one count for every arm: where cells ran on an accelerator
     with the plan of their own program (reports.frame.cost_source), their compiled FLOPs and
     bytes are that plan's, said in the header, and the plan's own columns are not repeated."""
-    sources = set(frame.get("cost_source", pd.Series(dtype=object)).dropna())
-    if sources != {"plan"}:
+    if not plan_sourced(frame):
         return EXACT
     relabelled = {"bytes_accessed_per_step": "HBM bytes/step (plan)",
                   "flops_per_model_flop": "planned matmul/model FLOPs"}

@@ -118,8 +118,14 @@ def setup(df: pd.DataFrame) -> str:
     return markdown(["setup", "value"], rows)
 
 
-def same_shape(df: pd.DataFrame, row, arm: str) -> pd.DataFrame:
-    same = df[df["arm"] == arm]
+def plan_sourced(frame: pd.DataFrame) -> bool:
+    """Every cost figure of `frame` is its cell's own plan's (reports.frame.cost_source)."""
+    return set(frame.get("cost_source", pd.Series(dtype=object)).dropna()) == {"plan"}
+
+
+def same_shape(df: pd.DataFrame, row, arm: str | None) -> pd.DataFrame:
+    """The rows of `df` of `row`'s shape and arm `arm` (None: every arm)."""
+    same = df if arm is None else df[df["arm"] == arm]
     for col in SHAPE:
         same = same[same[col] == row[col]]
     return same
@@ -280,7 +286,7 @@ def cost(df: pd.DataFrame) -> str:
                      _f(r["compiles"], ".0f")))
     unavailable = [f"- {shape_label(r)} {r['arm']}: {r['cost_unavailable']}"
                    for _, r in frame.iterrows() if r["cost_unavailable"]]
-    planned = set(frame.get("cost_source", pd.Series(dtype=object)).dropna()) == {"plan"}
+    planned = plan_sourced(frame)
     compiled_head = ("planned matmul GFLOP/step per device (plan)" if planned
                      else "compiled GFLOP/step per device")
     text = markdown(["shape", "arm", "model GFLOP/step", compiled_head,

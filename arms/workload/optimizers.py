@@ -44,11 +44,6 @@ def optimizer_tx(name: str, learning_rate: float) -> optax.GradientTransformatio
     raise ValueError(f"unknown optimizer {name!r}; valid: {', '.join(OPTIMIZERS)}")
 
 
-def _found(opt_state, kind: type) -> list:
-    return [x for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, kind))
-            if isinstance(x, kind)]
-
-
 def _array(value):
     """A state leaf's array (an nnx optimizer keeps each in a Variable)."""
     return value.get_value() if isinstance(value, nnx.Variable) else value
@@ -64,19 +59,19 @@ def gradient_state(opt_state) -> tuple[Any, float]:
     float32 factor it was multiplied by there): a gradient capture's copy (factor 1), AdamW's
     first moment (1 - b1) or SGD's trace (1). The tree is left where it is (on the devices):
     `first_gradient` reads it on the host. Raises where the state holds none."""
-    from arms.capture import CapturedGradient
+    from arms.capture import CapturedGradient, states_of
 
-    captured = _found(opt_state, CapturedGradient)
+    captured = states_of(opt_state, CapturedGradient)
     if captured:
         return captured[0].grads, 1.0
-    adam = _found(opt_state, optax.ScaleByAdamState)
+    adam = states_of(opt_state, optax.ScaleByAdamState)
     if adam:
         count = _scalar(adam[0].count)
         if count != 1:
             raise ValueError(f"AdamW's state has seen {count} updates; its first moment is "
                              "the gradient only after exactly one (read it after step 1)")
         return adam[0].mu, float(np.float32(1 - ADAMW_B1))
-    trace = _found(opt_state, optax.TraceState)
+    trace = states_of(opt_state, optax.TraceState)
     if trace:
         return trace[0].trace, 1.0
     raise ValueError("this optimizer state keeps no gradient to read back (no AdamW first "

@@ -16,15 +16,13 @@ import socket
 from collections.abc import Sequence
 
 from harness.cell.phases import Phases, start_backend
-from harness.cell.reference import checked_parity, why_not_checked
 from harness.cell.sections import (
     block,
     build_arm,
     cost_section,
+    gradient_check,
     memory_section,
-    parity_step,
     planned_memory,
-    release_device_memory,
     timing_record,
     warm_up,
 )
@@ -117,20 +115,12 @@ def run_paired(runs: Sequence[CellRun], slices: int, phases: Phases,
 
 
 def _check_parity(records: list[Record], runs: Sequence[CellRun], choices, spec) -> None:
-    """Each checked arm's gradient parity, once every measured arm is closed: its parity
-    step (a fresh arm's first step, harness.cell.sections.parity_step), then the
-    reference; a check that fails says why in its record, the measurements stand."""
+    """Each checked arm's gradient parity, once every measured arm is closed
+    (harness.cell.sections.gradient_check); a check that fails says why in its record, the
+    measurements stand."""
     for record, run, choice in zip(records, runs, choices, strict=True):
-        if not run.parity:
-            continue
-        release_device_memory()
-        try:
-            first_step = parity_step(choice, spec)
-        except Exception as err:  # kept as the record's reason; the measurements stand
-            record.parity_not_checked = why_not_checked(err)
-            continue
-        release_device_memory()
-        record.parity, record.parity_not_checked = checked_parity(spec, *first_step)
+        if run.parity:
+            record.parity, record.parity_not_checked = gradient_check(choice, spec)
 
 
 def _time_slices(built, slices: int, per_slice: int, samples, pauses, recompiles,

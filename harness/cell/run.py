@@ -27,7 +27,6 @@ from collections.abc import Callable
 from harness.cell import sections
 from harness.cell.fit import check_fit
 from harness.cell.phases import Phases, start_backend
-from harness.cell.reference import checked_parity, why_not_checked
 from harness.contract import CHECK_PENDING, OOM_MARKERS, PEER_MARKERS, CellRun
 from reports.record import Failure, Record
 
@@ -104,22 +103,12 @@ def _measure(run: CellRun, spec, arm, fit, compiles, phases: Phases) -> Record:
 def _check_parity(record: Record, spec, choice, phases: Phases, keep) -> None:
     """The gradient check of a measured cell, once the arm's device buffers are released:
     `keep` (when given) is handed the record first, as it stands while the check runs; then
-    the parity step (a fresh arm's first step: sections.parity_step) and the reference,
-    each a phase of its own."""
+    the parity step and the reference (sections.gradient_check), each a phase of its own."""
     sections.release_device_memory()
     record.parity_not_checked = CHECK_PENDING
     if keep is not None:
         keep(record)
-    try:
-        first_step = sections.parity_step(choice, spec)
-    except Exception as err:  # kept as the record's reason; the measurements stand
-        record.parity_not_checked = why_not_checked(err)
-        phases.end("parity step")
-        return
-    sections.release_device_memory()
-    phases.end("parity step")
-    record.parity, record.parity_not_checked = checked_parity(spec, *first_step)
-    phases.end("reference")
+    record.parity, record.parity_not_checked = sections.gradient_check(choice, spec, phases)
 
 
 def exception_failure(err: Exception, run: CellRun) -> Failure:

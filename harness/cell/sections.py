@@ -65,6 +65,29 @@ def parity_step(choice, spec) -> tuple[dict, float, float | None]:
     return found
 
 
+def gradient_check(choice, spec, phases=None):
+    """(parity, why it gave no verdict) of arm `choice` on `spec`, once the measured arms
+    are gone: its parity step (`parity_step`) on an emptied device, then the reference
+    (harness.cell.reference.checked_parity) on the device emptied again. A parity step that
+    fails gives no verdict, and why; the measurements stand. With `phases`, each of the two
+    ends a phase of its own ("parity step", then "reference" where it ran)."""
+    from harness.cell.reference import checked_parity, why_not_checked
+
+    release_device_memory()
+    try:
+        first_step = parity_step(choice, spec)
+    except Exception as err:  # kept as the record's reason; the measurements stand
+        return None, why_not_checked(err)
+    finally:
+        release_device_memory()
+        if phases is not None:
+            phases.end("parity step")
+    checked = checked_parity(spec, *first_step)
+    if phases is not None:
+        phases.end("reference")
+    return checked
+
+
 def timed_window(arm, batches, run: CellRun, spec, compiles,
                  build_s: float) -> tuple[Timing, int | None]:
     """The untraced timed window: per-step wall, dispatch and wait; GC pauses; recompiles.
