@@ -11,9 +11,8 @@ different times (an array alive only while the model is built counts in the firs
 beside the second). A backend that states no reservation (CPU, GPU) gives no sum. Where the
 record read the devices after the build too (`memory.device_stats_after`), it says where
 the peak in use was reached: a peak the build had already reached, and no step raised, is
-the build's (the model's weights and the trainer's copy of them alive together for a
-moment), so its sum with the step's reservation is not a reading of the step and is never
-marked a gap.
+the build's, so its sum with the step's reservation is not a reading of the step and is
+never marked a gap.
 
 Time. The roofline is the plan's lower bound of a step on the chip's datasheet
 (harness.measure.roofline: FLOPs at the bf16 peak, HBM bytes at its bandwidth, collective
