@@ -24,6 +24,13 @@ class EngineConfig:
     nan_policy: Literal["raise", "skip"] = "raise"
     """Non-finite step loss: the update is never applied; "raise" also raises an error naming
     the step and micro-batch when the metrics are read, "skip" just counts the skipped step."""
+    cast_once_per_step: bool = True
+    """At gradient_accumulation_steps > 1, the split path's first fwd_bwd also returns the
+    compute-dtype copies of the parameters the model reads only in that dtype (their
+    `compute_dtype` metadata, `engine.model.precast`), and the accumulating fwd_bwd reads
+    those copies instead of casting every such parameter again for each micro-batch. The
+    same loss and gradient to the bit; the copies live from the first micro-batch to the
+    update. False: every micro-batch casts (as a model without that metadata does)."""
     shape_policy: Literal["refuse", "recompile"] = "refuse"
     """A micro-batch whose shapes differ from the compiled ones: "refuse" raises a clear error;
     "recompile" recompiles every kernel for the new shapes with one warning."""

@@ -17,7 +17,10 @@ The math lives in `engine.kernels`; this class decides *how* it runs:
   buffer may be aliased to any output of its shape, which the gradients all have. The step
   counter is not donated: it is the throttler's marker for that step;
 - the model graph is split once per compile; afterwards kernel outputs are republished to
-  `engine.model` with `nnx.update` instead of re-splitting the graph every step.
+  `engine.model` with `nnx.update` instead of re-splitting the graph every step;
+- at GA > 1 the first fwd_bwd of a step also returns the compute-dtype copies of the
+  parameters the model reads only cast (`engine.model.precast`), and the accumulating
+  fwd_bwd reads them: one cast per step, as a single program over every micro-batch has.
 
 An engine built on an abstract model (shapes with shardings, e.g. `abstract_decoder` on a TPU
 topology's compile-only devices) lowers every kernel without allocating anything; compiled
@@ -41,6 +44,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from engine import checkpoint, kernels
 from engine.config import EngineConfig
 from engine.metrics import InflightThrottler, MetricsRecorder, StepMetrics, validate
+from engine.model import precast
 from engine.model.sharding import (
     LOGICAL_AXIS_RULES,
     LogicalRules,
@@ -106,6 +110,9 @@ class TrainingEngine:
         self.recorder = MetricsRecorder(self.config.metrics_window, self.config.nan_policy)
         self.throttler = InflightThrottler(self.config.max_inflight)
         self._acc: kernels.Accumulator | None = None
+        self._copies: tuple[jax.Array, ...] | None = None
+        """This step's compute-dtype parameter copies (`cast_once_per_step`), from its first
+        fwd_bwd to its update."""
         self._micro = 0
         self._compiled_for = None
         self.abstract = False
@@ -151,6 +158,11 @@ class TrainingEngine:
         graph, state = nnx.split(self.model)  # once per compile: the pure-state cache
         params, rest = nnx.split_state(state, nnx.Param, ...)
         self._graph = graph
+        casts = precast.compute_dtypes(params)
+        self._casts = (casts if self.config.cast_once_per_step and any(casts)
+                       and self.config.gradient_accumulation_steps > 1 else None)
+        """Per param leaf, the dtype the split path's accumulating fwd_bwd reads it in from a
+        copy made once per step; None where no copies are made."""
         self._param_shardings = named_shardings(params, self.mesh, self.rules)
         self._rest_shardings = named_shardings(rest, self.mesh, self.rules)
         self._replicated = NamedSharding(self.mesh, PartitionSpec())
@@ -230,16 +242,31 @@ class TrainingEngine:
         acc = self.abstract_accumulator()
         metric_sh = self._metric_shardings
         fwd_out = (self._acc_shardings, self._rest_shardings, metric_sh)
+        casts = self._casts
+        if casts is None:
+            first, first_out = (lambda p, r, b: kernels.fwd_bwd(graph, loss_fn, p, r, b)), fwd_out
+        else:  # the first fwd_bwd also returns the copies the accumulating ones read
+            copy_sh = precast.leaf_shardings(self._param_shardings, casts)
+            first = (lambda p, r, b: (*kernels.fwd_bwd(graph, loss_fn, p, r, b),
+                                      precast.copies(p, casts)))
+            first_out = (*fwd_out, copy_sh)
         self._lower_compile(
-            "fwd_bwd", lambda p, r, b: kernels.fwd_bwd(graph, loss_fn, p, r, b),
-            (self._param_shardings, self._rest_shardings, self._batch_shardings), fwd_out, (),
-            params, rest, abstract_batch)
+            "fwd_bwd", first, (self._param_shardings, self._rest_shardings,
+                               self._batch_shardings), first_out, (), params, rest, abstract_batch)
         if self.config.gradient_accumulation_steps > 1:
+            if casts is None:
+                weights, weight_sh = (params,), (self._param_shardings,)
+                accumulate = (lambda a, p, r, b: kernels.fwd_bwd_accumulate(
+                    graph, loss_fn, a, p, r, b))
+            else:  # the model reads the copies in place of the float32 leaves they cast
+                weights = (params, precast.copy_shapes(params, self._param_shardings, casts))
+                weight_sh = (self._param_shardings, copy_sh)
+                accumulate = (lambda a, p, c, r, b: kernels.fwd_bwd_accumulate(
+                    graph, loss_fn, a, precast.with_copies(p, c, casts), r, b))
             self._lower_compile(
-                "fwd_bwd_accumulate",
-                lambda a, p, r, b: kernels.fwd_bwd_accumulate(graph, loss_fn, a, p, r, b),
-                (self._acc_shardings, self._param_shardings, self._rest_shardings,
-                 self._batch_shardings), fwd_out, (0,), acc, params, rest, abstract_batch)
+                "fwd_bwd_accumulate", accumulate,
+                (self._acc_shardings, *weight_sh, self._rest_shardings, self._batch_shardings),
+                fwd_out, (0,), acc, *weights, rest, abstract_batch)
         opt = self._abstract(self._opt_state, self._opt_shardings)
         step = jax.ShapeDtypeStruct((), jnp.int32, sharding=self._replicated)
         self._lower_compile(
@@ -360,11 +387,14 @@ class TrainingEngine:
             self._refresh_from_model()
         with self.sharding_context():
             if self._acc is None:  # `is None`, never truthiness: a restored 0.0 step is real
-                self._acc, self._rest, metrics = self._kernel("fwd_bwd")(
-                    self._params, self._rest, micro_batch)
+                out = self._kernel("fwd_bwd")(self._params, self._rest, micro_batch)
+                (self._acc, self._rest, metrics), copies = out[:3], out[3:]
+                self._copies = copies[0] if copies else None
             else:
+                params = (self._params,) if self._copies is None else (self._params,
+                                                                       self._copies)
                 self._acc, self._rest, metrics = self._kernel("fwd_bwd_accumulate")(
-                    self._acc, self._params, self._rest, micro_batch)
+                    self._acc, *params, self._rest, micro_batch)
         self._micro += 1
         self.recorder.add(metrics)
         self.recorder.publish_pending()  # deferred past this dispatch
@@ -375,6 +405,7 @@ class TrainingEngine:
         if self._micro != ga:
             raise RuntimeError(f"update() after {self._micro} micro-batches; "
                                f"gradient_accumulation_steps={ga}")
+        self._copies = None  # freed once the last fwd_bwd that reads them is done
         with self.sharding_context():
             self._params, self._opt_state, self._step, finite = self._kernel("update")(
                 self._params, self._opt_state, self._step, self._acc)
@@ -450,6 +481,13 @@ class TrainingEngine:
         self._params, self._opt_state, self._rest, self._step = snap.state
         self._acc, self._micro = snap.accumulator, snap.micro_batches_done
         self.steps_dispatched = snap.steps_dispatched
+        self._copies = None
+        if self._micro and self._casts is not None:  # mid-step: the copies the rest read
+            casts = self._casts
+            shardings = precast.leaf_shardings(self._param_shardings, casts)
+            with self.sharding_context():
+                self._copies = jax.jit(lambda p: precast.copies(p, casts),
+                                       out_shardings=shardings)(self._params)
         self._publish()
 
     def executions(self) -> int:

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
+from engine.model import precast
 from engine.model.attention import attention, check_blocks, resolve, trace_platform
 from engine.model.config import DecoderConfig
 from engine.model.head import check_chunk, chunked_logprobs, head_logits, logit_stats
@@ -36,13 +37,16 @@ NORM_LEN_EMBED = ("activation_batch", "activation_norm_length", "activation_embe
 
 
 def _param(rngs: nnx.Rngs, shape: tuple[int, ...], names: tuple[str, ...], *, stddev: float,
-           dtype, stack: int | None) -> nnx.Param:
-    """A normally initialized parameter; `stack` prepends a `layers` axis for scanned blocks."""
+           dtype, stack: int | None, read_as: jnp.dtype | None = None) -> nnx.Param:
+    """A normally initialized parameter; `stack` prepends a `layers` axis for scanned blocks.
+    `read_as`: the dtype the model reads it in, exactly once per call (a matmul operand), which
+    lets a trainer cast it once per step (`engine.model.precast`)."""
     if stack is not None:
         shape, names = (stack, *shape), ("layers", *names)
     value = stddev * jax.random.normal(rngs.params(), shape, jnp.float32)
+    read = {} if read_as is None else {precast.COMPUTE_DTYPE: jnp.dtype(read_as).name}
     # Created unplaced; `build_decoder`/`shard_model` lay the variables on the mesh.
-    return nnx.Param(value.astype(dtype), out_sharding=names, eager_sharding=False)
+    return nnx.Param(value.astype(dtype), out_sharding=names, eager_sharding=False, **read)
 
 
 def _ones(shape: tuple[int, ...], names: tuple[str, ...], *, dtype,
@@ -102,16 +106,17 @@ class Attention(nnx.Module):
     """GQA self-attention with per-head RMSNorm on q and k applied before RoPE."""
 
     def __init__(self, config: DecoderConfig, *, rngs: nnx.Rngs, stack: int | None = None):
-        c, dt = config, config.storage_dtype
-        d_std = c.embed_dim**-0.5
-        self.query = _param(rngs, (c.embed_dim, c.num_heads, c.head_dim),
-                            ("embed", "q_heads", "kv"), stddev=d_std, dtype=dt, stack=stack)
-        self.key = _param(rngs, (c.embed_dim, c.num_kv_heads, c.head_dim),
-                          ("embed", "kv_heads", "kv"), stddev=d_std, dtype=dt, stack=stack)
-        self.value = _param(rngs, (c.embed_dim, c.num_kv_heads, c.head_dim),
-                            ("embed", "kv_heads", "kv"), stddev=d_std, dtype=dt, stack=stack)
-        self.out = _param(rngs, (c.num_heads, c.head_dim, c.embed_dim), ("heads", "kv", "embed"),
-                          stddev=(c.num_heads * c.head_dim)**-0.5, dtype=dt, stack=stack)
+        c, d_std = config, config.embed_dim**-0.5
+        weight = functools.partial(_param, rngs, dtype=c.storage_dtype, stack=stack,
+                                   read_as=c.compute_dtype)
+        self.query = weight((c.embed_dim, c.num_heads, c.head_dim), ("embed", "q_heads", "kv"),
+                            stddev=d_std)
+        self.key = weight((c.embed_dim, c.num_kv_heads, c.head_dim), ("embed", "kv_heads", "kv"),
+                          stddev=d_std)
+        self.value = weight((c.embed_dim, c.num_kv_heads, c.head_dim),
+                            ("embed", "kv_heads", "kv"), stddev=d_std)
+        self.out = weight((c.num_heads, c.head_dim, c.embed_dim), ("heads", "kv", "embed"),
+                          stddev=(c.num_heads * c.head_dim)**-0.5)
         self.query_norm = RMSNorm(c.head_dim, c, stack=stack)
         self.key_norm = RMSNorm(c.head_dim, c, stack=stack)
         self.config = config
@@ -147,13 +152,12 @@ class MLP(nnx.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
     def __init__(self, config: DecoderConfig, *, rngs: nnx.Rngs, stack: int | None = None):
-        c, dt = config, config.storage_dtype
-        self.wi_0 = _param(rngs, (c.embed_dim, c.mlp_dim), ("embed", "mlp"),
-                           stddev=c.embed_dim**-0.5, dtype=dt, stack=stack)
-        self.wi_1 = _param(rngs, (c.embed_dim, c.mlp_dim), ("embed", "mlp"),
-                           stddev=c.embed_dim**-0.5, dtype=dt, stack=stack)
-        self.wo = _param(rngs, (c.mlp_dim, c.embed_dim), ("mlp", "embed"),
-                         stddev=c.mlp_dim**-0.5, dtype=dt, stack=stack)
+        c = config
+        weight = functools.partial(_param, rngs, dtype=c.storage_dtype, stack=stack,
+                                   read_as=c.compute_dtype)
+        self.wi_0 = weight((c.embed_dim, c.mlp_dim), ("embed", "mlp"), stddev=c.embed_dim**-0.5)
+        self.wi_1 = weight((c.embed_dim, c.mlp_dim), ("embed", "mlp"), stddev=c.embed_dim**-0.5)
+        self.wo = weight((c.mlp_dim, c.embed_dim), ("mlp", "embed"), stddev=c.mlp_dim**-0.5)
         self.dtype = c.compute_dtype
 
     def __call__(self, x_BxLxD: jax.Array) -> jax.Array:

@@ -1,4 +1,5 @@
-"""One named test per DESIGN.md engine optimization (items 1-15); each fails when reverted."""
+"""One named test per DESIGN.md engine optimization (items 1-15), and item 16 (one weight cast
+per step at GA > 1, engine.model.precast); each fails when reverted."""
 
 import json
 import os
@@ -19,7 +20,7 @@ from arms.capture import captured_gradient, with_capture
 from arms.workload import TokenCrossEntropy, exact_gradient, rel_l2
 from engine.kernels import MicroBatchMetrics
 from engine.metrics import MetricsRecorder
-from engine.model import build_decoder, get_preset, make_mesh
+from engine.model import build_decoder, get_preset, make_mesh, precast
 from harness.xla import counts, hlo
 from tests.engine.conftest import bytes_per_device, ragged_batches, traced_executions
 
@@ -471,3 +472,71 @@ def test_item14_the_fused_step_compiles_to_the_native_program_but_for_scalars(de
                 continue  # a tuple operand: its elements are instructions of their own
             dims = [int(d) for d in shape.split("[", 1)[1].split("]")[0].split(",") if d]
             assert math.prod(dims) <= ga, (opcode, shapes)
+
+
+def _weight_casts(engine, kernel: str) -> int:
+    """float32 -> bfloat16 converts in `kernel`'s lowered module whose operand has the shape
+    of a weight the decoder reads only cast (one scanned layer's slice, or the whole)."""
+    shapes = set()
+    for leaf, cast in zip(jax.tree.leaves(engine.params), precast.compute_dtypes(engine.params),
+                          strict=True):
+        if cast is not None:
+            shapes |= {"x".join(map(str, leaf.shape)), "x".join(map(str, leaf.shape[1:]))}
+    found = re.findall(r"stablehlo\.convert %\S+ : \(tensor<([0-9x]+)xf32>\) -> "
+                       r"tensor<\1xbf16>", engine.kernels[kernel].lowered.as_text())
+    return sum(shape in shapes for shape in found)
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_item16_the_accumulating_fwd_bwd_reads_weights_cast_once_per_step(engine_factory,
+                                                                          scan):
+    """At GA > 1 the first fwd_bwd also returns the bfloat16 copies of the 7 weights a block
+    reads only cast (their `compute_dtype` metadata), and the accumulating fwd_bwd reads
+    those: its program casts no weight, where with `cast_once_per_step=False` every
+    micro-batch's program casts each of them again. Params and optimizer state after two
+    steps are bitwise those of the engine that casts every micro-batch: the copies are the
+    same values, and a cast's cotangent is its result's, cast back."""
+    overrides = dict(scan_layers=scan, dtype="bfloat16")
+    final = {}
+    for once in (True, False):
+        engine = engine_factory(ga=4, paths=("split",), model_overrides=overrides,
+                                cast_once_per_step=once)
+        casts = sum(d is not None for d in precast.compute_dtypes(engine.params))
+        assert casts == 7 * (1 if scan else engine.model.config.num_layers)
+        assert _weight_casts(engine, "fwd_bwd") >= casts  # the model's own, and the copies
+        assert (_weight_casts(engine, "fwd_bwd_accumulate") == 0) == once
+        batches = [engine.place_batch(b) for b in ragged_batches(counts=[0, 16, 40, 8])]
+        for _ in range(2):
+            run_split(engine, batches)
+            if once:
+                assert engine._copies is None  # dropped before the update
+        final[once] = jax.tree.leaves((engine.params, engine.opt_state))
+    assert all(np.array_equal(a, b) for a, b in zip(final[True], final[False], strict=True))
+
+
+def test_item16_no_copies_where_nothing_accumulates_or_nothing_is_read_cast(engine_factory):
+    """GA 1 has no accumulating fwd_bwd to read copies, and a float32 model casts nothing:
+    neither makes them (fwd_bwd returns the accumulator, state and metrics only)."""
+    for ga, dtype in ((1, "bfloat16"), (4, "float32")):
+        engine = engine_factory(ga=ga, paths=("split",), model_overrides=dict(dtype=dtype))
+        assert engine._casts is None
+        assert len(engine.kernels["fwd_bwd"].lowered.out_info) == 3
+
+
+def test_item16_on_tpu7x_the_copies_cost_their_write_once_and_save_every_micro_batch():
+    """XLA:TPU's plan of the split kernels (bfloat16 `tiny`, GA 2; compile-only, in a
+    process of its own): with the copies, the first fwd_bwd moves exactly their bytes more
+    (one bfloat16 write of each copied element), and the accumulating fwd_bwd moves fewer
+    than the one that casts the weights itself."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-m", "tests.engine.tpu_plans", "copies"],
+                         capture_output=True, text=True, env=env, timeout=600,
+                         cwd=pathlib.Path(__file__).parents[2])
+    assert out.returncode == 0, out.stderr[-3000:]
+    plans = json.loads(out.stdout)
+    once, every = plans["true"], plans["false"]
+    assert plans["copied_elements"] > 0
+    assert once["fwd_bwd"] - every["fwd_bwd"] == 2 * plans["copied_elements"]
+    assert once["fwd_bwd_accumulate"] < every["fwd_bwd_accumulate"]
+    assert once["update"] == every["update"]

@@ -9,7 +9,9 @@ object per mesh.
 import json
 import sys
 
-from engine.model import make_mesh
+import jax
+
+from engine.model import make_mesh, precast
 from harness.xla import counts, target
 from tests.engine.conftest import bytes_per_device, make_engine, ragged_batches
 
@@ -35,6 +37,25 @@ def plan(mesh: str) -> dict:
             "update_stages_through_vmem": "S(1)" in update, "other_mesh_refused": refusal}
 
 
+def weight_copies() -> dict:
+    """The split kernels' planned HBM bytes of a bfloat16 `tiny` decoder at GA 2, with and
+    without `cast_once_per_step`, and how many parameter elements the copies hold."""
+    devices = target.topology_devices(target.TPU7X)
+    out = {}
+    for once in (True, False):
+        engine = make_engine(ga=2, mesh="fsdp=1", paths=("split",), cast_once_per_step=once,
+                             model_overrides=dict(dtype="bfloat16", scan_layers=True))
+        tpu_mesh = target.mesh_like(engine.mesh, devices)
+        out[str(once).lower()] = {
+            name: counts.hbm_bytes(target.compile_plan(kernel.lower_for(tpu_mesh)).as_text())
+            for name, kernel in engine.kernels.items()}
+        if once:
+            casts = precast.compute_dtypes(engine.params)
+            out["copied_elements"] = sum(p.size for p, d in zip(
+                jax.tree.leaves(engine.params), casts, strict=True) if d is not None)
+    return out
+
+
 if __name__ == "__main__":
     for mesh in sys.argv[1:]:
-        print(json.dumps(plan(mesh)), flush=True)
+        print(json.dumps(weight_copies() if mesh == "copies" else plan(mesh)), flush=True)

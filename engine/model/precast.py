@@ -1,0 +1,68 @@
+"""Parameters a model reads only cast to its compute dtype, and their copies in that dtype.
+
+A `Param` created with metadata `compute_dtype=D` promises that the model reads it exactly
+once per call, as `value.astype(D)`: never in its stored dtype, never cast twice. A trainer
+may then hand the model that parameter already cast. The model's own cast becomes a no-op,
+so the loss is the same. The gradient is the same too: a cast's cotangent is its result's
+cotangent cast back, so the D-typed cotangent of the copy, cast to float32 by the trainer,
+is the float32 cotangent the parameter would have had. (Read twice, the two cotangents would be
+summed in D here and in float32 there: hence "exactly once".)
+
+What it saves: with gradient accumulation run as one program per micro-batch, each program
+casts every such parameter again (read float32, write bfloat16: 6 bytes an element, per
+micro-batch), where one program over all micro-batches casts once (XLA hoists the cast out
+of its loop). Cast once per optimizer step, the accumulating programs read the copies.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+COMPUTE_DTYPE = "compute_dtype"
+"""The `Param` metadata naming the dtype a model reads that parameter in (see above)."""
+
+Casts = tuple[jnp.dtype | None, ...]
+"""Per leaf of a params tree (`jax.tree.leaves` order): the dtype its copy is cast to, or None
+for a leaf the model reads as stored."""
+
+
+def compute_dtypes(params: nnx.State) -> Casts:
+    """Each leaf's `compute_dtype` metadata where it names a dtype other than the stored one."""
+    variables = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    casts = []
+    for variable in variables:
+        wanted = (variable.get_metadata().get(COMPUTE_DTYPE)
+                  if isinstance(variable, nnx.Variable) else None)
+        stored = variable.get_raw_value().dtype if isinstance(variable, nnx.Variable) else None
+        casts.append(None if wanted is None or jnp.dtype(wanted) == stored
+                     else jnp.dtype(wanted))
+    return tuple(casts)
+
+
+def copies(params, casts: Casts) -> tuple[jax.Array, ...]:
+    """The cast copies of the leaves `casts` names, in leaf order (nothing for the others)."""
+    return tuple(p.astype(d) for p, d in zip(jax.tree.leaves(params), casts, strict=True)
+                 if d is not None)
+
+
+def with_copies(params, cast: tuple[jax.Array, ...], casts: Casts):
+    """`params` with each leaf `casts` names replaced by its copy from `cast` (same tree)."""
+    leaves, treedef = jax.tree.flatten(params)
+    found = iter(cast)
+    return jax.tree.unflatten(treedef, [p if d is None else next(found)
+                                        for p, d in zip(leaves, casts, strict=True)])
+
+
+def copy_shapes(params, shardings, casts: Casts) -> tuple[jax.ShapeDtypeStruct, ...]:
+    """What `copies` returns, as shapes laid out by `shardings` (the params' shardings)."""
+    return tuple(jax.ShapeDtypeStruct(p.shape, d, sharding=s) for p, s, d in zip(
+        jax.tree.leaves(params), jax.tree.leaves(shardings), casts, strict=True)
+        if d is not None)
+
+
+def leaf_shardings(shardings, casts: Casts) -> tuple:
+    """The shardings of the leaves `casts` names, in the order `copies` returns them."""
+    return tuple(s for s, d in zip(jax.tree.leaves(shardings), casts, strict=True)
+                 if d is not None)
