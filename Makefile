@@ -69,27 +69,36 @@ test-slow: $(STAMP)
 # dependencies, the project on PYTHONPATH instead of installed, as on such a host
 # (docs/install.md). Every module is compiled by Python 3.11; then, within CI's time, the
 # tests of what moves with JAX, flax and orbax: the engine's optimizations and checkpoints,
+# the attention kernels (Pallas splash, compiled for v5e by the host's libtpu 0.0.42.1, which
+# the lock's last line pins and this installs into .venv311/libtpu) and the chunked loss,
 # every arm's exact gradient and Tunix's model and loss, the cell (its phases, its fit check,
-# a failing gradient check), the trace reader, a worker's end and the command line's run
-# path. Left out: tests needing MaxText (Python 3.12 only), the lock's libtpu (it cannot
-# compile for jax 0.10.2: plans) or the trace viewers, and the slow ones; `make test` runs
-# the rest, which reads records and files the same way on either stack.
+# a failing gradient check), the trace reader, a worker's end, a held chip, the kernels
+# microbenchmark, the wheelhouse and the command line's run path. Left out: tests needing
+# MaxText (Python 3.12 only), TPU7x (libtpu 0.0.42.1 predates it) or the trace viewers, and
+# the slow ones; `make test` runs the rest, which reads records and files the same way on
+# either stack.
 IS_311 := import sys; sys.exit(sys.version_info[:2] != (3, 11))
 PY311 ?= $(shell for p in python3.11 "$${PYENV_ROOT:-$$HOME/.pyenv}"/versions/3.11*/bin/python3.11 \
         "$$(pyenv root 2>/dev/null)"/versions/3.11*/bin/python3.11; do \
         "$$p" -c '$(IS_311)' 2>/dev/null && { echo "$$p"; break; }; done)
 VENV311 := .venv311
 STAMP311 := $(VENV311)/.installed
-PY311_TESTS := tests/engine/test_optimizations.py tests/engine/test_checkpoint.py tests/arms \
+PY311_TESTS := tests/engine/test_optimizations.py tests/engine/test_checkpoint.py \
+	tests/engine/model/test_attention.py tests/engine/model/test_head.py tests/arms \
 	tests/harness/cell tests/harness/measure/test_trace.py \
-	tests/harness/orchestrator/test_spawn.py tests/harness/cli/test_cli.py
+	tests/harness/orchestrator/test_spawn.py tests/harness/orchestrator/test_environment.py \
+	tests/harness/cli/test_cli.py tests/harness/cli/test_cli_kernels.py \
+	tests/harness/system/test_wheelhouse.py
 PY311_LEFT_OUT := --ignore=tests/harness/cell/test_plan_arms.py -k "not tpu7x"
 
 $(STAMP311): requirements-py311.lock
 	@test -n "$(PY311)" || { echo "make: Python 3.11 not found; install it (e.g. 'pyenv \
 	install 3.11.7') or pass PY311=/path/to/python3.11" >&2; exit 1; }
 	rm -rf $(VENV311) && $(PY311) -m venv $(VENV311)
-	$(VENV311)/bin/python -m pip install -q --no-deps -r requirements-py311.lock
+	grep -v '^libtpu==' requirements-py311.lock > $(VENV311)/requirements.txt
+	$(VENV311)/bin/python -m pip install -q --no-deps -r $(VENV311)/requirements.txt
+	$(VENV311)/bin/python -m pip install -q --no-deps --target $(VENV311)/libtpu \
+		$$(grep '^libtpu==' requirements-py311.lock)
 	@touch $(STAMP311)
 
 test-py311: $(STAMP311)

@@ -130,10 +130,9 @@ def exact(frame: pd.DataFrame, baseline_arm: str, plans: pd.DataFrame | None = N
     else:
         target = (", ".join(dict.fromkeys(ok(plans)["plan_target"]))
                   if plans is not None and not ok(plans).empty else "")
-    columns = _exact_columns(frame)
     planned = [(c, h.format(target=target), f) for c, h, f in PLANNED
                if not (own and c in REPEATED)] if target else []
-    columns += planned
+    columns = [*_exact_columns(frame), *planned]  # a new list: EXACT stays as it is
     rows = []
     for _, r in frame.iterrows():
         base_rows = same_shape(frame, r, baseline_arm)

@@ -1,5 +1,6 @@
 """Test session setup: 8 emulated CPU devices, set before jax is imported anywhere."""
 
+import importlib.util
 import os
 
 # Tests assert behaviour and HLO-level costs, never speed: LLVM's optimizations are skipped
@@ -32,10 +33,15 @@ os.environ["PARITY_REFERENCE_DIR"] = tempfile.mkdtemp(prefix="parity-test-refere
 # (harness.store.layout.RunStore).
 # `make test` runs two pytest-xdist workers on one cache. JAX locks the cache (a file lock
 # around each read and write) only when it may evict entries, so a size limit is set: without
-# the lock, a worker could read an entry the other is still writing.
-jax.config.update("jax_compilation_cache_dir",
-                  str(pathlib.Path(__file__).parent.parent / ".pytest_cache" / "jax"))
-jax.config.update("jax_compilation_cache_max_size", 16 * 2**30)
+# the lock, a worker could read an entry the other is still writing. The lock needs the
+# `filelock` package; where it is missing (the Python 3.11 stack), JAX would turn the cache
+# off rather than take a bound it cannot lock, so each worker keeps a cache of its own.
+_cache = pathlib.Path(__file__).parent.parent / ".pytest_cache" / "jax"
+if importlib.util.find_spec("filelock") is None:
+    _cache = _cache / os.environ.get("PYTEST_XDIST_WORKER", "main")
+else:
+    jax.config.update("jax_compilation_cache_max_size", 16 * 2**30)
+jax.config.update("jax_compilation_cache_dir", str(_cache))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 

@@ -75,9 +75,11 @@ class RunOptions:
     run, and has a `plan` section instead of timing."""
     plan_slices: int = 1
     """Slices of `plan_target`."""
-    plan_capture: bool = False
-    """A plan of the program with the gradient capture in front of the optimizer (records
-    of `parity plan --capture`, which parity runs of schema < 10 timed where checked)."""
+    capture: bool = False
+    """The program planned or timed had a gradient capture chained in front of its optimizer
+    (a parameter-sized float32 copy written every step): plans of `parity plan --capture`
+    and checked runs (`parity`) of schema < 11, which timed it. Never compared with a record
+    without it: the capture costs 1-2% of a step on the chip."""
     plan_libtpu: str | None = None
     """The libtpu version that planned it: plans of other versions are not compared."""
     pairing: list[str] | None = None
@@ -448,12 +450,13 @@ class Record:
         plan = self.is_plan
         env = self.environment.comparable_key(plan, versions) if self.environment else None
         run = None
+        captured = ("capture",) if self.run and self.run.capture else ()
         if plan:  # a plan: its target, not how it would be run
             run = ("plan", self.run.plan_target, self.run.plan_slices, self.run.plan_libtpu,
-                   *(("capture",) if self.run.plan_capture else ()))
+                   *captured)
         elif self.run:
             run = (self.run.steps, self.run.warmup,
-                   *((tuple(self.run.pairing),) if self.run.pairing else ()))
+                   *((tuple(self.run.pairing),) if self.run.pairing else ()), *captured)
         return (self.arm, self.config_hash, run, env)
 
     def to_json(self) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from reports.record.errors import RecordError
 
-SCHEMA = 10
+SCHEMA = 11
 """Version of the layout `to_json` writes. 1: the environment was `fingerprint`, the
 compiled cost `flops`, the step statistics `timing.summary`, the data digest
 `parity.data_fingerprint`, the executions `timing.executions_per_step_dispatched`.
@@ -31,7 +31,9 @@ log (`timing.compile_log`), no memory readings after the build and the warmup
 `parity.reference_computed_s`); its gradient check read a capture chained into the timed
 step (`run.parity`: the step timed was the trainer's with the capture in front of its
 optimizer); its spec had none of our decoder's attention and logits options
-(`spec.attention`, `attention_block_q`, `attention_block_kv`, `logits_chunk`)."""
+(`spec.attention`, `attention_block_q`, `attention_block_kv`, `logits_chunk`). 10: a plan of
+the program with the capture said so in `run.plan_capture`, and a checked run's timed capture
+went unsaid (both are `run.capture`)."""
 
 
 def upgrade(data: dict, where: str = "record") -> dict:
@@ -39,16 +41,37 @@ def upgrade(data: dict, where: str = "record") -> dict:
     schema = data.get("schema")
     if schema == SCHEMA:
         return data
-    if schema in (7, 8, 9):  # 8, 9 and 10 added fields
+    if isinstance(schema, int) and 1 <= schema < SCHEMA:
+        return _upgrade_10(_upgrade_9(data), schema)
+    raise RecordError(f"{where}: not a parity record (schema {schema!r}, this version "
+                      f"reads 1-{SCHEMA})")
+
+
+def _upgrade_10(data: dict, schema: int) -> dict:
+    """`run.plan_capture` (schema 10) is `run.capture`, which a checked run of schema < 10
+    also sets: its timed step carried the capture."""
+    run = data.get("run")
+    if not isinstance(run, dict):
+        return data
+    run = dict(run)
+    captured = bool(run.pop("plan_capture", False))
+    if schema < 10 and not run.get("plan_target") and run.get("parity"):
+        captured = True
+    if captured:
+        run["capture"] = True
+    return dict(data, run=run)
+
+
+def _upgrade_9(data: dict) -> dict:
+    """A record of schema 1-10 in the layout of schema 10, marked with the current schema."""
+    schema = data.get("schema")
+    if schema in (7, 8, 9, 10):  # 8, 9 and 10 added fields
         return dict(data, schema=SCHEMA)
     if schema in (3, 4, 5, 6):  # 4-6 added fields (plans, roofline, loss options)
         return _upgrade_6(dict(data, schema=SCHEMA))
     if schema == 2:
         return _upgrade_6(_upgrade_2(data))
-    if schema != 1:
-        raise RecordError(f"{where}: not a parity record (schema {schema!r}, this version "
-                          f"reads 1-{SCHEMA})")
-    data = dict(data, schema=2)
+    data = dict(data, schema=2)  # schema 1
     data["environment"] = data.pop("fingerprint", None)
     if data.get("timing"):
         timing = data["timing"] = dict(data["timing"])

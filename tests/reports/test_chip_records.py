@@ -65,10 +65,13 @@ def test_cells_run_on_the_chip_lead_with_their_own_plans_exact_costs(tmp_path):
 
 def test_a_shape_whose_cells_mix_sources_tags_each_figure(tmp_path):
     """A cell without a plan of its own (its fit check turned off) beside cells with one:
-    its figure is the runtime's count, and each figure of that shape says which it is."""
+    its figure is the runtime's count, and each figure of that shape says which it is. The
+    plan's columns it adds are this table's: the next table of the process has none."""
     from reports.frame import to_frame
     from reports.record import read_dir
-    from reports.summary import exact
+    from reports.summary import EXACT, exact
+
+    exact_before = list(EXACT)
 
     shutil.copy(CHIP / "chip-s1024-ga1.jsonl", tmp_path / "chip.jsonl")
     frame = to_frame(read_dir(tmp_path))
@@ -76,6 +79,7 @@ def test_a_shape_whose_cells_mix_sources_tags_each_figure(tmp_path):
     frame.loc[unplanned, "cost_source"] = "runtime"
     frame.loc[unplanned, "bytes_accessed_per_step"] = 1.0 * 2**30
     table = exact(frame, "native")
+    assert exact_before == EXACT
     engine = next(line for line in table.splitlines() if "| engine |" in line)
     native = next(line for line in table.splitlines() if "| native |" in line)
     assert "1024.0 MiB (0.01x) [runtime]" in engine and "MiB (1.00x) [plan]" in native

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from arms.spec import CellSpec
-from reports.record import SCHEMA, Record, RecordError, Spec, section
+from reports.record import SCHEMA, Record, RecordError, Spec, section, upgrade
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results.jsonl"
 
@@ -62,7 +62,7 @@ def test_our_decoders_options_are_spec_fields_and_name_the_cell_apart():
     (lambda r: r["timing"]["stats"].update(cv="high"), "field 'timing.stats.cv': expected float"),
     (lambda r: r["run"].update(steps=True), "field 'run.steps': expected int"),
     (lambda r: r.update(colour="red"), "unknown field 'colour'"),
-    (lambda r: r.update(schema=99), "schema 99, this version reads 1-10"),
+    (lambda r: r.update(schema=99), "schema 99, this version reads 1-11"),
     # Records that pass the schema but that no writer produces (an impossible result).
     (lambda r: r.update(status="weird"), "field 'status': 'weird' is neither"),
     (lambda r: r.update(timing=None), "field 'timing': an ok record holds its timing"),
@@ -86,7 +86,7 @@ def test_schema_3_reads_as_a_record_that_is_not_a_plan():
     raw.pop("plan")
     raw["schema"] = 3
     record = Record.from_json(raw)
-    assert record.schema == SCHEMA == 10
+    assert record.schema == SCHEMA == 11
     assert record.plan is None and record.run.plan_target is None
 
 
@@ -161,3 +161,27 @@ def test_schema_7_reads_with_no_reason_for_an_unchecked_parity():
     record = Record.from_json(raw)
     assert record.schema == SCHEMA and record.parity_not_checked is None
     assert not record.unavailable and not record.is_plan
+
+
+def test_a_checked_run_before_schema_11_timed_the_capture_and_is_not_compared_with_one_after():
+    """Until schema 11 a checked cell's timed step carried the gradient capture (1-2% of a
+    step on the chip): such a record reads `run.capture` and keys apart from today's records
+    of the same cell, checked or not; an unchecked one of then keys with them. A schema-10
+    plan of the program with the capture (`run.plan_capture`) reads `run.capture` too."""
+    then = Record.from_json(_v1_lines()[0])  # schema 1, checked
+    assert then.run.parity and then.run.capture
+    now = then.to_json()
+    now["run"]["capture"] = False
+    checked_then = dict(now, schema=9, run=dict(now["run"]))
+    checked_then["run"].pop("capture")
+    unchecked_then = dict(checked_then, run=dict(checked_then["run"], parity=False))
+    unchecked_now = dict(now, run=dict(now["run"], parity=False))
+    keys = {name: Record.from_json(raw).cell_key() for name, raw in (
+        ("now", now), ("checked then", checked_then), ("unchecked then", unchecked_then),
+        ("unchecked now", unchecked_now))}
+    assert Record.from_json(checked_then).run.capture
+    assert keys["checked then"] != keys["now"] == keys["unchecked now"] == keys["unchecked then"]
+    plan = dict(now, schema=10, run=dict(now["run"], plan_target="v5e:1x1", plan_capture=True))
+    plan["run"].pop("capture")
+    assert upgrade(plan)["run"]["capture"]
+    assert "capture" not in upgrade(dict(plan, run=dict(plan["run"], plan_capture=False)))["run"]
