@@ -1,9 +1,9 @@
-"""The `engine` arm with one host-path optimization switched off, to measure what each is
-worth against `engine` (`parity run --plugin arms.ablations --arms engine,engine-no-state-cache`).
+"""The `engine` arm with one optimization switched off, to measure what each is worth against
+`engine` (`parity run --plugin arms.ablations --arms engine,engine-no-state-cache`).
 
-Each is the same TrainingEngine, the same kernels and the same work (the same gradient, to
-the bit); one behaviour of the host's side is changed on the built engine instance, the way
-a user's code could defeat it:
+Each is the same TrainingEngine and the same work (the same gradient, to the bit); one
+behaviour is changed, of the host's side on the built engine instance (the way a user's code
+could defeat it) or of the engine's configuration:
 
 - `engine-no-state-cache`: the pure-state cache off. Before every step the engine splits the
   NNX model graph again (`nnx.split`) and copies the state into place: the path it takes
@@ -13,6 +13,9 @@ a user's code could defeat it:
 - `engine-unbounded-metrics`: the metrics history keeps every step (item 6); over a timed
   window of a few dozen steps it holds as few as the default window does, so it shows only
   in long runs.
+- `engine-cast-per-micro-batch`: at GA > 1 every accumulating fwd/bwd casts the weights
+  again instead of reading the copies the step's first one made (item 16,
+  `EngineConfig.cast_once_per_step=False`): other programs, the same bits.
 
 The two optimizations of the seed that are properties of the compiled kernels (no dead
 computation, item 8; a scalar throttler marker, item 5) cannot be switched off on an
@@ -55,7 +58,15 @@ class UnboundedMetrics(EngineArm):
         return dataclasses.replace(super().engine_config(), metrics_window=UNBOUNDED)
 
 
-ABLATIONS = {cls.trainer: cls for cls in (NoStateCache, EagerMetrics, UnboundedMetrics)}
+class CastPerMicroBatch(EngineArm):
+    trainer = "engine-cast-per-micro-batch"
+
+    def engine_config(self):
+        return dataclasses.replace(super().engine_config(), cast_once_per_step=False)
+
+
+ABLATIONS = {cls.trainer: cls for cls in (NoStateCache, EagerMetrics, UnboundedMetrics,
+                                          CastPerMicroBatch)}
 """Arm name -> its class."""
 
 for _name, _cls in ABLATIONS.items():

@@ -76,10 +76,8 @@ class RunOptions:
     plan_slices: int = 1
     """Slices of `plan_target`."""
     capture: bool = False
-    """The program planned or timed had a gradient capture chained in front of its optimizer
-    (a parameter-sized float32 copy written every step): plans of `parity plan --capture`
-    and checked runs (`parity`) of schema < 11, which timed it. Never compared with a record
-    without it: the capture costs 1-2% of a step on the chip."""
+    """The program had a gradient capture in front of its optimizer (plans of `parity plan
+    --capture`, checked runs of schema < 10): keyed apart from records without it."""
     plan_libtpu: str | None = None
     """The libtpu version that planned it: plans of other versions are not compared."""
     pairing: list[str] | None = None
@@ -447,16 +445,12 @@ class Record:
     def cell_key(self, versions: bool = True) -> tuple:
         """Records with equal keys measured the same work the same way in comparable
         environments (`versions=False`: whatever their package versions, for a stack A/B)."""
-        plan = self.is_plan
+        plan, run = self.is_plan, self.run
         env = self.environment.comparable_key(plan, versions) if self.environment else None
-        run = None
-        captured = ("capture",) if self.run and self.run.capture else ()
-        if plan:  # a plan: its target, not how it would be run
-            run = ("plan", self.run.plan_target, self.run.plan_slices, self.run.plan_libtpu,
-                   *captured)
-        elif self.run:
-            run = (self.run.steps, self.run.warmup,
-                   *((tuple(self.run.pairing),) if self.run.pairing else ()), *captured)
+        if run:  # a plan: its target, not how it would be run
+            run = (*(("plan", run.plan_target, run.plan_slices, run.plan_libtpu) if plan else
+                     (run.steps, run.warmup, *((tuple(run.pairing),) if run.pairing else ()))),
+                   *(("capture",) if run.capture else ()))
         return (self.arm, self.config_hash, run, env)
 
     def to_json(self) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """arms.ablations: the engine arm with one host-path optimization switched off does the
 same work (the same gradient, to the bit) and changes exactly the behaviour it names."""
 
+import dataclasses
+
 import jax
 import numpy as np
 from flax import nnx
@@ -12,10 +14,10 @@ from arms.spec import CellSpec
 SPEC = CellSpec(preset="tiny", seq=32, batch=8, ga=2, ragged=(64, 16))
 
 
-def _steps(name, steps=3, monkeypatch=None, splits=None):
-    arm = make_arm(name, SPEC)
+def _steps(name, steps=3, monkeypatch=None, splits=None, spec=SPEC):
+    arm = make_arm(name, spec)
     arm.build()
-    batches = arm.place(SPEC.micro_batches())
+    batches = arm.place(spec.micro_batches())
     history = []
     if splits is not None:
         real = nnx.split
@@ -67,3 +69,18 @@ def test_unbounded_metrics_keep_every_step():
     assert arm.engine.recorder.history.maxlen == ablations.UNBOUNDED
     assert arm.engine.config.metrics_window == ablations.UNBOUNDED
     arm.close()
+
+
+def test_casting_every_micro_batch_reads_no_copies_and_computes_the_same_bits():
+    """In bfloat16 (where the decoder's block weights are read cast) the engine's
+    accumulating fwd/bwd reads the copies its step's first one made; the ablation's casts
+    the weights itself and takes none. The same gradient to the bit."""
+    spec = dataclasses.replace(SPEC, dtype="bfloat16")
+    grads = {}
+    for name in ("engine", "engine-cast-per-micro-batch"):
+        arm, _, grads[name] = _steps(name, steps=1, spec=spec)
+        args, _ = arm.engine.kernels["fwd_bwd_accumulate"].lowered.args_info
+        copies = (arm.engine._casts is not None, len(args) == 5)  # + the copies
+        assert copies == ((True, True) if name == "engine" else (False, False)), name
+        arm.close()
+    assert np.array_equal(grads["engine"], grads["engine-cast-per-micro-batch"])
