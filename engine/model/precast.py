@@ -30,15 +30,14 @@ for a leaf the model reads as stored."""
 
 def compute_dtypes(params: nnx.State) -> Casts:
     """Each leaf's `compute_dtype` metadata where it names a dtype other than the stored one."""
-    variables = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nnx.Variable))
-    casts = []
-    for variable in variables:
-        wanted = (variable.get_metadata().get(COMPUTE_DTYPE)
-                  if isinstance(variable, nnx.Variable) else None)
-        stored = variable.get_raw_value().dtype if isinstance(variable, nnx.Variable) else None
-        casts.append(None if wanted is None or jnp.dtype(wanted) == stored
-                     else jnp.dtype(wanted))
-    return tuple(casts)
+    def cast(leaf) -> jnp.dtype | None:
+        if not isinstance(leaf, nnx.Variable) or COMPUTE_DTYPE not in leaf.get_metadata():
+            return None
+        wanted = jnp.dtype(leaf.get_metadata()[COMPUTE_DTYPE])
+        return None if wanted == leaf.get_raw_value().dtype else wanted
+
+    is_variable = lambda x: isinstance(x, nnx.Variable)
+    return tuple(map(cast, jax.tree.leaves(params, is_leaf=is_variable)))
 
 
 def copies(params, casts: Casts) -> tuple[jax.Array, ...]:
