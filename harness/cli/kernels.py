@@ -36,10 +36,12 @@ class Kernels(Command):
                             help="BATCHxSEQ micro-batches (default: the tpu-v5e suite's)")
         parser.add_argument("--attention", default=DEFAULT_ATTENTION,
                             help="variants: xla, splash:QxKV, flash:QxKV (query rows x keys "
-                                 "per block); xla is always timed first")
+                                 "per block); xla is always timed first; a variant whose "
+                                 "blocks do not divide a shape's length is skipped there "
+                                 "(and said so), refused where they divide none")
         parser.add_argument("--logits-chunks", default="0,256,512,1024",
                             help="positions per chunk of the loss (0: whole logits, always "
-                                 "timed first)")
+                                 "timed first); skipped where it does not divide a length")
         parser.add_argument("--no-attention", action="store_true", help="time the loss only")
         parser.add_argument("--no-loss", action="store_true", help="time attention only")
         parser.add_argument("--steps", type=int, default=20, help="timed runs (median of N)")
@@ -60,21 +62,22 @@ class Kernels(Command):
         shapes = kernels.parse_shapes(args.shapes)
         variants = [] if args.no_attention else kernels.parse_variants(args.attention)
         chunks = None if args.no_loss else kernels.parse_chunks(args.logits_chunks)
-        timings = kernels.run(config, shapes, variants=variants, chunks=chunks,
-                              steps=args.steps, warmup=args.warmup)
+        timings, skipped = kernels.run(config, shapes, variants=variants, chunks=chunks,
+                                       steps=args.steps, warmup=args.warmup)
         device = jax.devices()[0]
         about = {"preset": args.preset, "dtype": str(config.compute_dtype),
                  "platform": device.platform, "device_kind": device.device_kind,
                  "jax": jax.__version__, "interpret": device.platform != "tpu"}
         if args.json:
             print(json.dumps({**about, "timings": [dataclasses.asdict(t) for t in timings],
+                              "skipped": [dataclasses.asdict(s) for s in skipped],
                               "fastest": kernels.fastest(timings)}))
             return 0
-        print(_markdown(about, timings, kernels.fastest(timings)))
+        print(_markdown(about, timings, skipped, kernels.fastest(timings)))
         return 0
 
 
-def _markdown(about: dict, timings, fastest: list[str]) -> str:
+def _markdown(about: dict, timings, skipped, fastest: list[str]) -> str:
     lines = [f"{about['preset']} {about['dtype']} on {about['device_kind']} "
              f"({about['platform']}, jax {about['jax']})"
              + (": kernels in Pallas interpret mode, times mean nothing" if about["interpret"]
@@ -86,4 +89,5 @@ def _markdown(about: dict, timings, fastest: list[str]) -> str:
         lines.append(f"| {t.part} | {t.shape} | {t.variant} | {t.median_ms:.3f} | "
                      f"{t.min_ms:.3f} | {t.max_ms:.3f} | {t.compile_s:.1f} | {temp} | "
                      f"{t.rel_l2:.2e} |")
-    return "\n".join([*lines, "", *fastest])
+    skips = [f"skipped at {s.shape}: {s.part} {s.variant} ({s.why})" for s in skipped]
+    return "\n".join([*lines, "", *fastest, *(["", *skips] if skips else [])])

@@ -107,7 +107,7 @@ def parse_variants(text: str) -> list[Variant]:
         match = re.fullmatch(r"(\d+)x(\d+)", blocks)
         if kind == "xla" and not blocks:
             variants.append(Variant(kind="xla"))
-        elif kind in ATTENTION_KINDS[1:] and match:
+        elif kind in ATTENTION_KINDS[1:] and match and min(int(match[1]), int(match[2])):
             variants.append(Variant(kind=kind, block_q=int(match[1]), block_kv=int(match[2])))
         else:
             raise ValueError(f"--attention {item!r}: give xla, splash:QxKV or flash:QxKV "
@@ -126,16 +126,55 @@ def parse_chunks(text: str) -> list[int]:
     return chunks
 
 
-def check(config: DecoderConfig, shapes: list[Shape], variants: list[Variant],
-          chunks: list[int]) -> None:
-    """Refuses, before anything compiles, a kernel's blocks or a chunk that cannot tile a
-    shape's length."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Skipped:
+    """A variant left out at one shape: its blocks (or chunk) do not tile that length."""
+
+    part: str
+    """"attention" or "loss"."""
+    variant: str
+    shape: str
+    why: str
+    """The tiling rule's own words."""
+
+
+def _tiling_error(part: str, variant, seq: int) -> str | None:
+    """Why `variant` (an attention Variant, or a loss chunk) cannot tile `seq`, or None."""
+    try:
+        if part == "loss":
+            check_chunk(variant, seq)
+        elif variant.kind != "xla":
+            check_tiles(variant.kind, seq, variant.block_q, variant.block_kv)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def plan(shapes: list[Shape], variants: list[Variant], chunks: list[int]
+         ) -> tuple[dict[str, tuple[list[Variant], list[int]]], list[Skipped]]:
+    """Per shape label, the attention variants and loss chunks that tile its length, and what
+    is skipped where (a 2048-key block at 1024 positions). Refused, before anything
+    compiles, with one ValueError naming the fix: a block that is no multiple of the lane
+    width (at every length, so at none), and a variant or chunk that tiles none of the
+    shapes."""
+    runs, skipped = {}, []
     for shape in shapes:
-        for variant in variants:
-            if variant.kind != "xla":
-                check_tiles(variant.kind, shape.seq, variant.block_q, variant.block_kv)
-        for chunk in chunks:
-            check_chunk(chunk, shape.seq)
+        runs[shape.label] = ([], [])
+        for part, items in (("attention", variants), ("loss", chunks)):
+            for item in items:
+                why = _tiling_error(part, item, shape.seq)
+                if why is None:
+                    runs[shape.label][part == "loss"].append(item)
+                else:
+                    label = item.label if part == "attention" else f"chunk:{item}"
+                    skipped.append(Skipped(part=part, variant=label, shape=shape.label,
+                                           why=why))
+    for part, items in (("attention", variants), ("loss", chunks)):
+        for item in items:
+            whys = [_tiling_error(part, item, shape.seq) for shape in shapes]
+            if all(whys):
+                raise ValueError(whys[0])
+    return runs, skipped
 
 
 def _time(fn: Callable, args: tuple, steps: int, warmup: int) -> tuple:
@@ -265,20 +304,22 @@ def time_loss(config: DecoderConfig, shape: Shape, chunks: list[int], *, steps: 
 
 
 def run(config: DecoderConfig, shapes: list[Shape], *, variants: list[Variant],
-        chunks: list[int] | None, steps: int, warmup: int) -> list[Timing]:
+        chunks: list[int] | None, steps: int, warmup: int
+        ) -> tuple[list[Timing], list[Skipped]]:
     """Every attention variant and (unless `chunks` is None) every loss variant at every
-    shape; checked first (`check`)."""
+    shape whose length it tiles (`plan`), and what was skipped where."""
     if steps < 1 or warmup < 0:
         raise ValueError(f"--steps {steps} --warmup {warmup}: give at least 1 timed step and "
                          "0 or more warmup runs")
-    check(config, shapes, variants, chunks or [])
+    runs, skipped = plan(shapes, variants, chunks or [])
     found = []
     for shape in shapes:
+        tiled_variants, tiled_chunks = runs[shape.label]
         if variants:
-            found += time_attention(config, shape, variants, steps=steps, warmup=warmup)
+            found += time_attention(config, shape, tiled_variants, steps=steps, warmup=warmup)
         if chunks is not None:
-            found += time_loss(config, shape, chunks, steps=steps, warmup=warmup)
-    return found
+            found += time_loss(config, shape, tiled_chunks, steps=steps, warmup=warmup)
+    return found, skipped
 
 
 def fastest(timings: list[Timing]) -> list[str]:

@@ -48,6 +48,45 @@ def test_kernels_prints_a_table_and_can_skip_a_part(capsys):
     assert "| attention |" not in out
 
 
+def test_a_variant_that_does_not_tile_a_shape_is_skipped_there_and_said(capsys):
+    """A 256-key block and a 256-position chunk run at 256 positions and are skipped at 128,
+    each skip in the output with the tiling rule's words; the rest runs."""
+    code = main(["kernels", "--preset", "tiny", "--dtype", "f32", "--shapes", "1x128,1x256",
+                 "--attention", "splash:128x256", "--logits-chunks", "0,256", "--steps", "1",
+                 "--warmup", "0", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    found = [(t["part"], t["shape"], t["variant"]) for t in out["timings"]]
+    assert found == [("attention", "1x128", "xla"), ("loss", "1x128", "whole"),
+                     ("attention", "1x256", "xla"), ("attention", "1x256", "splash:128x256"),
+                     ("loss", "1x256", "whole"), ("loss", "1x256", "chunk:256")]
+    skipped = [(s["part"], s["shape"], s["variant"]) for s in out["skipped"]]
+    assert skipped == [("attention", "1x128", "splash:128x256"), ("loss", "1x128", "chunk:256")]
+    assert "attention_block_kv=256 does not divide seq 128" in out["skipped"][0]["why"]
+    assert "logits_chunk=256 does not divide seq 128" in out["skipped"][1]["why"]
+
+
+def test_the_defaults_run_at_the_v5e_suites_shapes():
+    """`parity kernels` with no options: every default variant and chunk tiles 1x4096; the
+    2048-key blocks and nothing else are skipped at 2x1024 (planned, nothing compiled)."""
+    import argparse
+
+    from harness.cli.kernels import Kernels
+    from harness.measure import kernels
+
+    parser = argparse.ArgumentParser()
+    Kernels.setup(parser)
+    args = parser.parse_args([])
+    shapes = kernels.parse_shapes(args.shapes)
+    assert [s.label for s in shapes] == ["2x1024", "1x4096"]
+    variants = kernels.parse_variants(args.attention)
+    runs, skipped = kernels.plan(shapes, variants, kernels.parse_chunks(args.logits_chunks))
+    assert runs["1x4096"] == (variants, [0, 256, 512, 1024])
+    assert [(s.shape, s.variant) for s in skipped] == [
+        ("2x1024", "splash:512x2048"), ("2x1024", "splash:1024x2048")]
+    assert runs["2x1024"][0] == [v for v in variants if v.block_kv != 2048]
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--attention", "splash:100x128"], "attention_block_q=100: the splash attention kernel's "
                                         "blocks are multiples of 128"),
