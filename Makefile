@@ -65,18 +65,19 @@ test-slow: $(STAMP)
 	$(PYTEST) -m slow --durations=10
 
 # The oldest supported stack (requirements-py311.lock: Python 3.11, jax 0.10.2, flax 0.12.8,
-# orbax 0.12.4), as a TPU v5e VM image brings it: each package installed without its
-# dependencies, the project on PYTHONPATH instead of installed, as on such a host
+# orbax 0.12.4, and maxtext 0.2.5, whose metadata asks for Python 3.12 and so is installed
+# with --ignore-requires-python), as a TPU v5e VM image brings it: each package installed
+# without its dependencies, the project on PYTHONPATH instead of installed, as on such a host
 # (docs/install.md). Every module is compiled by Python 3.11; then, within CI's time, the
 # tests of what moves with JAX, flax and orbax: the engine's optimizations and checkpoints,
 # the attention kernels (Pallas splash, compiled for v5e by the host's libtpu 0.0.42.1, which
 # the lock's last line pins and this installs into .venv311/libtpu) and the chunked loss,
-# every arm's exact gradient and Tunix's model and loss, the cell (its phases, its fit check,
-# a failing gradient check), the trace reader, a worker's end, a held chip, the kernels
+# every arm's exact gradient (MaxText's arms too, through arms/models/maxtext_compat.py's
+# shims) and Tunix's model and loss, the cell (its phases, its fit check, a failing gradient
+# check, the MaxText arms' cells), the trace reader, a worker's end, a held chip, the kernels
 # microbenchmark, the wheelhouse and the command line's run path. Left out: tests needing
-# MaxText (Python 3.12 only), TPU7x (libtpu 0.0.42.1 predates it) or the trace viewers, and
-# the slow ones; `make test` runs the rest, which reads records and files the same way on
-# either stack.
+# TPU7x (libtpu 0.0.42.1 predates it) or the trace viewers, and the slow ones; `make test`
+# runs the rest, which reads records and files the same way on either stack.
 IS_311 := import sys; sys.exit(sys.version_info[:2] != (3, 11))
 PY311 ?= $(shell for p in python3.11 "$${PYENV_ROOT:-$$HOME/.pyenv}"/versions/3.11*/bin/python3.11 \
         "$$(pyenv root 2>/dev/null)"/versions/3.11*/bin/python3.11; do \
@@ -95,8 +96,11 @@ $(STAMP311): requirements-py311.lock
 	@test -n "$(PY311)" || { echo "make: Python 3.11 not found; install it (e.g. 'pyenv \
 	install 3.11.7') or pass PY311=/path/to/python3.11" >&2; exit 1; }
 	rm -rf $(VENV311) && $(PY311) -m venv $(VENV311)
-	grep -v '^libtpu==' requirements-py311.lock > $(VENV311)/requirements.txt
+	grep -v '^libtpu==' requirements-py311.lock | grep -v '^maxtext==' \
+		> $(VENV311)/requirements.txt
 	$(VENV311)/bin/python -m pip install -q --no-deps -r $(VENV311)/requirements.txt
+	$(VENV311)/bin/python -m pip install -q --no-deps --ignore-requires-python \
+		$$(grep '^maxtext==' requirements-py311.lock)
 	$(VENV311)/bin/python -m pip install -q --no-deps --target $(VENV311)/libtpu \
 		$$(grep '^libtpu==' requirements-py311.lock)
 	@touch $(STAMP311)
@@ -104,13 +108,15 @@ $(STAMP311): requirements-py311.lock
 test-py311: $(STAMP311)
 	$(VENV311)/bin/python -m compileall -q engine arms harness reports tests
 	PYTHONPATH=$(CURDIR) $(VENV311)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope \
-		-p no:cacheprovider -m "not slow and not maxtext" $(PY311_LEFT_OUT) --durations=10 \
+		-p no:cacheprovider -m "not slow" $(PY311_LEFT_OUT) --durations=10 \
 		$(PY311_TESTS)
 
 # The wheels an offline host lacks (docs/install.md, "An offline host with its own JAX"):
 # the runtime part of requirements-py311.lock less what the host has (HOST_HAS) and what its
 # own package index provides (HOST_INDEX), binary wheels for CPython HOST_PYTHON on manylinux
-# x86_64, without dependencies; and the list the host installs from its index, each package
+# x86_64, without dependencies (maxtext's metadata asks for Python 3.12, hence
+# --ignore-requires-python; the lock's pins are those tested on 3.11), maxtext's without its
+# tokenizer assets (--slim); and the list the host installs from its index, each package
 # within pyproject.toml's supported range (harness/system/wheelhouse.py).
 WHEELHOUSE ?= wheelhouse
 HOST_PYTHON ?= 3.11
@@ -122,8 +128,9 @@ wheelhouse:
 		--host-index "$(HOST_INDEX)"
 	python3 -m pip download -q --no-deps --only-binary=:all: --python-version $(HOST_PYTHON) \
 		--implementation cp $(MANYLINUX:%=--platform manylinux_%_x86_64) \
-		--platform manylinux2014_x86_64 -d $(WHEELHOUSE) \
+		--platform manylinux2014_x86_64 --ignore-requires-python -d $(WHEELHOUSE) \
 		-r $(WHEELHOUSE)/requirements.txt
+	python3 -m harness.system.wheelhouse --out $(WHEELHOUSE) --slim
 	@du -sh $(WHEELHOUSE)
 
 lint: $(STAMP)

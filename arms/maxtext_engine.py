@@ -106,8 +106,8 @@ class MaxTextEngineArm(Arm):
         self.engine = Engine(mx_config, mesh=mesh)
         mq.check_shardable(self.engine.model, mesh, mx_config)  # the batch: spec.make_mesh
         decoder = self._reference_weights()
-        mq.load_params(self.engine.model, mq.decoder_to_maxtext_params(
-            nnx.to_pure_dict(nnx.state(decoder, nnx.Param)), config), mesh, mx_config)
+        mq.write_params(self.engine.model, mq.decoder_to_maxtext_params(
+            nnx.to_pure_dict(nnx.state(decoder, nnx.Param)), config))
         self._hooks(self.engine, abstract_engine)
         self.mesh, self.rules = mesh, mq.rules(mx_config)
         example = self.place(spec.micro_batches())[0]

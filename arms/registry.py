@@ -19,6 +19,7 @@ from arms.kinds import MODELS, TRAINERS, Trainer
 
 if TYPE_CHECKING:
     from arms.base import Arm
+    from arms.requirements import Found
     from arms.spec import CellSpec
 
 NAMED_ARMS: dict[str, tuple[str, str]] = {
@@ -103,10 +104,11 @@ class ArmChoice:
         return (CANNOT_SHARE_A_PROCESS.get(self.trainer)
                 or CANNOT_SHARE_A_PROCESS.get(self.model, ""))
 
-    def unavailable(self, found: dict[str, str | None] | None = None) -> str | None:
-        """Why the arm cannot run in this Python environment (one line naming each
-        package, the version found and the one needed: arms.requirements), or None where it
-        can. A plugin arm builds its own and is judged by its module's import."""
+    def unavailable(self, found: Found | None = None) -> str | None:
+        """Why the arm cannot run in this Python environment (one line: each package
+        missing with the version needed, or the import that fails; arms.requirements), or
+        None where it can. A plugin arm builds its own and is judged by its module's
+        import."""
         from arms.requirements import why_unavailable
 
         return None if self.plugin else why_unavailable(self.trainer, self.model, found)
@@ -166,7 +168,7 @@ def preload(name: str) -> None:
     lookup(name).preload()
 
 
-def unavailable(name: str, found: dict[str, str | None] | None = None) -> str | None:
+def unavailable(name: str, found: Found | None = None) -> str | None:
     """Why arm `name` cannot run in this Python environment, or None where it can."""
     return lookup(name).unavailable(found)
 

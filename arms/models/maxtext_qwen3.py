@@ -12,8 +12,9 @@ Known, upstream difference (maxtext 0.2.5): with tied embeddings the output head
 `dtype` says, so tied MaxText logits differ from a float32 decoder's by ~1e-3 (relative). It is
 run as shipped; `bf16_head_decoder` reproduces the cast on our decoder to prove the cause.
 
-`maxtext` needs Python >= 3.12; it is imported only when a maxtext model is built, and a
-missing install raises one ImportError naming the fix, so only the maxtext arms fail.
+`maxtext` is imported only when a maxtext model is built (on Python 3.11 and jax 0.10.2
+through the shims of arms.models.maxtext_compat), and a missing or broken install raises one
+ImportError naming the fix, so only the maxtext arms fail.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from arms.models.paths import array_module, get_path, set_path
 from engine.model import Decoder, DecoderConfig, build_decoder
 from engine.model.sharding import MESH_AXES, abstract_on, check_fits, named_shardings
 
-INSTALL_HINT = ("the maxtext arms need the `maxtext` package (Python 3.12; `make` installs "
-                "maxtext==0.2.5 without its extras into .venv)")
+INSTALL_HINT = ("the maxtext arms need the `maxtext` package and what its model and engine "
+                "import (`make` installs them; an offline host: docs/install.md)")
 
 MODEL_NAME = "qwen3-0.6b"
 """MaxText model file the Qwen3 knobs come from; every dimension is overridden."""
@@ -49,7 +50,11 @@ REMAT_POLICIES = {"minimal": "minimal", "full": "full"}
 
 def require_maxtext(*, engine: bool = False):
     """The `maxtext` modules this project uses (`engine`: also MaxText's training engine,
-    after the Tunix datatypes it imports), or one ImportError that names the fix."""
+    after the Tunix datatypes it imports), or one ImportError that names the fix. The shims
+    of arms.models.maxtext_compat that this Python and JAX need are applied first."""
+    from arms.models import maxtext_compat
+
+    maxtext_compat.install()
     try:
         from maxtext.configs import pyconfig
         from maxtext.utils import maxtext_utils, model_creation_utils
@@ -61,8 +66,9 @@ def require_maxtext(*, engine: bool = False):
             from maxtext.training_engine import abstract_engine, maxtext_engine
 
             return abstract_engine, maxtext_engine
-    except ImportError as err:  # ModuleNotFoundError, or a broken install's ImportError
-        raise ImportError(f"{INSTALL_HINT}; importing it failed: {err}") from err
+    except (ImportError, SyntaxError) as err:  # missing, broken, or newer Python's syntax
+        raise ImportError(f"{INSTALL_HINT}; importing it failed: {type(err).__name__}: "
+                          f"{err}") from err
     return pyconfig, maxtext_utils, model_creation_utils
 
 
@@ -314,14 +320,22 @@ def maxtext_to_decoder_params(theirs: dict, config: DecoderConfig) -> dict:
     return ours
 
 
-def load_params(model: nnx.Module, pure: dict, mesh: Mesh, mx_config) -> None:
-    """Writes `pure` into `model`'s Params and lays every variable on `mesh` by MaxText's
-    rules, in place."""
+def write_params(model: nnx.Module, pure: dict) -> None:
+    """Writes `pure` into `model`'s Params in place, each value in its variable's dtype and
+    on its variable's own sharding: a model MaxText laid out keeps MaxText's layout (the one
+    its ahead-of-time engine plans, so the plan's programs are the ones that run)."""
     params = nnx.state(model, nnx.Param)
     current = nnx.to_pure_dict(params)
     nnx.replace_by_pure_dict(params, jax.tree.map(
-        lambda new, old: jnp.asarray(new, old.dtype), pure, current))
+        lambda new, old: jax.device_put(jnp.asarray(new, old.dtype), old.sharding), pure,
+        current))
     nnx.update(model, params)
+
+
+def load_params(model: nnx.Module, pure: dict, mesh: Mesh, mx_config) -> None:
+    """Writes `pure` into `model`'s Params and lays every variable on `mesh` by MaxText's
+    rules, in place."""
+    write_params(model, pure)
     state = nnx.state(model)
     nnx.update(model, jax.device_put(state, named_shardings(state, mesh, rules(mx_config))))
 
