@@ -15,8 +15,9 @@ from collections.abc import Iterable
 PREFERENCE: tuple[str, ...] = ("peft-maxtext", "peft-decoder", "native", "maxtext-engine",
                                "peft-tunix", "engine-fused", "engine")
 """peft-maxtext: Tunix's PeftTrainer on MaxText's Qwen3 (the design card's reference);
-peft-decoder: the same trainer on our decoder; native: one jitted step (the limit); then
-MaxText's own engine, PeftTrainer on Tunix's Qwen3, and our engine (fused, then split)."""
+peft-decoder: the same trainer on our decoder; native: one jitted step (the straightforward
+way); then MaxText's own engine, PeftTrainer on Tunix's Qwen3, and our engine (fused, then
+split)."""
 
 
 def order(arms: Iterable[str]) -> list[str]:
