@@ -76,8 +76,13 @@ def interventions(a: Record, b: Record) -> list[str]:
     found = []
     sha_a = a.environment.git_sha if a.environment else None
     sha_b = b.environment.git_sha if b.environment else None
+    tree_a = a.environment.git_tree if a.environment else None
+    tree_b = b.environment.git_tree if b.environment else None
     if sha_a != sha_b:
         found.append(f"the commit {(sha_a or '?')[:10]} -> {(sha_b or '?')[:10]}")
+    elif tree_a and tree_b and tree_a != tree_b:  # one commit, other files on a side
+        found.append(f"the files (tree {tree_a[:10]} -> {tree_b[:10]}) on commit "
+                     f"{(sha_a or '?')[:10]}")
     found += _stack_change(a, b)
     if a.arm != b.arm:
         found.append(f"the arm {a.arm} -> {b.arm}")

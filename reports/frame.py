@@ -91,6 +91,7 @@ def _cell_columns(r: Record) -> dict:
         "error_message": r.error.message if r.error else None,
         "environment": environment_key(env),
         "git_sha": env.git_sha if env else None, "git_dirty": env.git_dirty if env else None,
+        "code": env.code() if env else None,
         "backend": env.backend if env else None,
         "device_count": env.device_count if env else None,
         "device_kind": env.device_kind if env else None,

@@ -96,8 +96,7 @@ def _arm_label(arm: str, about: str) -> str:
 
 def setup(df: pd.DataFrame) -> str:
     ok_rows = ok(df)
-    shas = sorted({f"{s[:10]}{' (dirty)' if d else ''}" for s, d in
-                   zip(df["git_sha"].fillna("?"), df["git_dirty"], strict=True)})
+    shas = sorted(set(df["code"].fillna("?")))
     rows = [
         ("environment", df["environment"].iloc[0]),
         ("git", ", ".join(shas)),

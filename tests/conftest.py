@@ -15,6 +15,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # TPU devices: no chip to share), so libtpu's one-process lock is off for the tests' processes;
 # the test of that lock's refusal turns it back on for its own `parity plan`.
 os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+# The tests run the commands from this checkout, which has uncommitted changes while it is
+# being worked on; a command refuses that unless told (harness.jobs.grid.check_code, whose
+# own tests clear this).
+os.environ.setdefault("PARITY_ALLOW_DIRTY", "1")
 
 import pathlib
 import tempfile

@@ -48,6 +48,16 @@ def check(request, **options) -> dict:
     return check_grid(request, **options)
 
 
+def add_dirty_argument(parser: argparse.ArgumentParser) -> None:
+    """`--allow-dirty` of the commands that record the checkout's own code (run, plan,
+    nightly): harness.jobs.grid.check_code."""
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="run from a checkout whose files are not its HEAD commit's "
+                             "(uncommitted or untracked changes): the records say so and "
+                             "name the tree of the files (default: refused, since no record "
+                             "could name the commit that ran; PARITY_ALLOW_DIRTY=1 likewise)")
+
+
 class Run(Command):
     name = "run"
     help = "run a grid of cells (one subprocess each) and store the records"
@@ -80,6 +90,7 @@ class Run(Command):
         parser.add_argument("--slices", type=int, default=8,
                             help="in-process pairing: slices the timed steps are cut into "
                                  "(A B C, B C A, C A B, ...; default 8)")
+        add_dirty_argument(parser)
 
     @classmethod
     def run(cls, args):
@@ -89,7 +100,8 @@ class Run(Command):
 
         distributed = _distributed(args)
         wanted = request(args, args.out)
-        options = check(wanted, processes=args.num_processes or 1)
+        options = check(wanted, processes=args.num_processes or 1,
+                        allow_dirty=args.allow_dirty)
         path, records = run_job.run(
             wanted, options, processes=args.num_processes or 1, run_id=args.run_id,
             distributed=distributed, pairing=args.pairing, slices=args.slices,
@@ -147,6 +159,7 @@ class Plan(Command):
                             help="compile every executable (default: a program planned "
                                  "before for the same target and versions is read back from "
                                  "OUT/.plan-cache)")
+        add_dirty_argument(parser)
 
     @classmethod
     def run(cls, args):
@@ -154,7 +167,8 @@ class Plan(Command):
         from harness.jobs import plan as plan_job
 
         wanted = request(args, args.out)
-        options = plan_job.check(wanted, jobs=args.jobs, save_hlo=args.save_hlo)
+        options = plan_job.check(wanted, jobs=args.jobs, save_hlo=args.save_hlo,
+                                 allow_dirty=args.allow_dirty)
         target = plan_job.describe_target(options, args.out, name=args.target,
                                  slices=args.target_slices, save_hlo=args.save_hlo,
                                  cache=not args.no_plan_cache)
@@ -193,7 +207,8 @@ class Launch(Command):
         run_parser = Parser(prog="parity run")
         Run.setup(run_parser)
         run_args = run_parser.parse_args(rest)
-        check(request(run_args, run_args.out), processes=args.n)  # once, not N times
+        check(request(run_args, run_args.out), processes=args.n,  # once, not N times
+              allow_dirty=run_args.allow_dirty)
         try:
             code, said = launch(args.n, rest)
         except LaunchStopped as stop:
@@ -226,6 +241,7 @@ class Nightly(Command):
         parser.add_argument("--publish", type=Path, metavar="SITE",
                             help="then republish the history's static site to SITE (as "
                                  "`parity publish HISTORY -o SITE`)")
+        add_dirty_argument(parser)
 
     @classmethod
     def run(cls, args):
@@ -234,7 +250,8 @@ class Nightly(Command):
 
         wanted = request(args, args.history)
         options, threshold, report_dir = nightly.prepare(
-            wanted, threshold=args.threshold, report=args.report, publish_to=args.publish)
+            wanted, threshold=args.threshold, report=args.report, publish_to=args.publish,
+            allow_dirty=args.allow_dirty)
         # A target libtpu cannot plan fails before the grid runs.
         target = plan_job.describe_target(options, args.history, name=args.target) if args.plan \
             else None
@@ -339,8 +356,10 @@ def _ab_request(args) -> tuple:
     if args.threshold is not None:
         check_fraction(args.threshold)
     wanted = request(args, args.out)
+    # Each side runs a committed ref in a worktree of its own: the checkout's own files never
+    # run, and a HEAD with uncommitted changes is refused by ab's own check (check_clean).
     return wanted, check(wanted, defaults={"rounds": ab.ROUNDS, "steps": ab.STEPS,
-                                           "trace": False})
+                                           "trace": False}, allow_dirty=True)
 
 
 class Bisect(Command):

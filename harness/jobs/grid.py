@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from harness.orchestrator.environment import cell_environment
 from harness.orchestrator.loop import recorded
 from harness.store import results
 from harness.store.layout import OutDir, cell_path, check_run_id, new_run_id
+from harness.system import git
 from reports.record import Record
 
 OnStart = Callable[[CellRun, int], None]
@@ -80,9 +82,34 @@ SWITCHES = {"scan_layers": "scan-layers", "trace": "trace", "trace_hlo": "trace-
 """Keys given as --NAME / --no-NAME."""
 
 
-def check(request: Request, processes: int = 1, defaults: dict | None = None) -> dict:
+ALLOW_DIRTY = "PARITY_ALLOW_DIRTY"
+"""Set to 1, the environment variable that stands for `--allow-dirty` in every command of a
+session (a developer's edit-and-run loop; the test suite)."""
+
+
+def check_code(allow_dirty: bool = False, repo: Path = git.REPO) -> None:
+    """Refuses, with one line naming the fix, a run whose records could not name the code
+    that ran: a checkout whose files (tracked, and untracked ones git does not ignore) are
+    not its HEAD commit's. A record names the commit whose files ran, or the run does not
+    record. `allow_dirty` (or ALLOW_DIRTY=1): record them anyway, as uncommitted changes on
+    HEAD, each record naming the tree of its files (`environment.git_tree`)."""
+    if allow_dirty or os.environ.get(ALLOW_DIRTY) == "1":
+        return
+    state = git.state(repo)
+    if state["git_dirty"]:
+        sha, tree = state["git_sha"][:10], (state["git_tree"] or "?")[:10]
+        raise ValueError(
+            f"the checkout's files are not its HEAD commit's ({sha}), so no record could "
+            f"name the code that ran: commit them, or pass --allow-dirty ({ALLOW_DIRTY}=1) to "
+            f"record them as uncommitted changes on {sha} (files tree {tree})")
+
+
+def check(request: Request, processes: int = 1, defaults: dict | None = None, *,
+          allow_dirty: bool = False) -> dict:
     """The grid's options, every value checked that needs no device: no process is started
-    and nothing is written (a probe file in `out` is created and removed)."""
+    and nothing is written (a probe file in `out` is created and removed), but git's
+    reading of the checkout (`check_code`, last) and, where a MaxText arm is named, the
+    import check of arms.requirements."""
     for module in request.plugins:
         _import_plugin(module)
     options = grid_options.merge(request.explicit, suite=request.suite, defaults=defaults)
@@ -94,14 +121,15 @@ def check(request: Request, processes: int = 1, defaults: dict | None = None) ->
     results.check_writable(request.out)
     if options.get("trace"):
         results.check_writable(OutDir(request.out).traces, "--trace: the traces directory")
+    check_code(allow_dirty)
     return options
 
 
-def set_aside_unavailable(options: dict, named=(), found: dict | None = None) -> dict:
+def set_aside_unavailable(options: dict, named=(), found=None) -> dict:
     """`options` with the arms this environment cannot run (arms.registry.unavailable) moved
     from "arms" to "unavailable" (arm -> why), where a suite or the default named them;
     ValueError, one line naming the packages, for one the command line named (`named`).
-    `found`: the package versions to judge by (default: this environment's)."""
+    `found`: what to judge by (arms.requirements.Found; default: this environment)."""
     from arms.registry import resolve, unavailable
 
     arms = list(options.get("arms") or [])
@@ -121,7 +149,7 @@ def set_aside_unavailable(options: dict, named=(), found: dict | None = None) ->
     return {**options, "arms": [a for a in arms if a not in why], "unavailable": why}
 
 
-def arm_table(found: dict | None = None) -> str:
+def arm_table(found=None) -> str:
     """`parity arms`: every named arm, what it is, and whether it runs here (or why not)."""
     from arms.registry import MODELS, NAMED_ARMS, TRAINERS, unavailable
 

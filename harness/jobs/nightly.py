@@ -28,11 +28,12 @@ sample whose CI can reach 95% (reports.stats.luck_bound)."""
 
 
 def prepare(request: Request, *, threshold: float | None, report: Path | None,
-            publish_to: Path | None) -> tuple[dict, float | None, Path]:
+            publish_to: Path | None, allow_dirty: bool = False
+            ) -> tuple[dict, float | None, Path]:
     """(grid options, threshold, report directory), every value checked before anything
     runs: a corrupt history fails now, not after the grid. The threshold is `threshold`,
     else the suite's `regression_threshold`, else None: each cell's backend's minimum
-    effect (reports.stats.default_min_effect)."""
+    effect (reports.stats.default_min_effect). `allow_dirty`: as harness.jobs.grid.check's."""
     history = request.out
     results.check_writable(history, "--history")  # the runs are written there
     if publish_to is not None:
@@ -41,7 +42,7 @@ def prepare(request: Request, *, threshold: float | None, report: Path | None,
         codec.read_dir(history)
     report_dir = report or OutDir(history).nightly_report
     results.check_writable(report_dir, "--report")
-    options = check(request, defaults={"rounds": ROUNDS})
+    options = check(request, defaults={"rounds": ROUNDS}, allow_dirty=allow_dirty)
     threshold = threshold or options.get("regression_threshold")
     if threshold is not None and not threshold > 0:
         raise ValueError(f"--threshold {threshold}: give a relative slowdown > 0")

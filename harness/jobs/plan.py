@@ -39,13 +39,16 @@ def default_jobs() -> int:
     return max(1, min(cores // COMPILE_CORES, memory // PLAN_PROCESS_BYTES))
 
 
-def check(request: Request, *, jobs: int | None, save_hlo: bool) -> dict:
-    """The plan's grid options, every value checked that needs no device."""
+def check(request: Request, *, jobs: int | None, save_hlo: bool,
+          allow_dirty: bool = False) -> dict:
+    """The plan's grid options, every value checked that needs no device (`allow_dirty`: as
+    harness.jobs.grid.check's)."""
     rounds = request.explicit.get("rounds")
     if rounds not in (None, 1):
         raise ValueError(f"--rounds {rounds}: a plan is deterministic (the same code and "
                          "versions give the same figures); plan once")
-    options = check_grid(request, defaults={"trace": False, "timeout_s": TIMEOUT_S})
+    options = check_grid(request, defaults={"trace": False, "timeout_s": TIMEOUT_S},
+                         allow_dirty=allow_dirty)
     options["rounds"] = 1  # a suite's rounds are for timing
     grid_options.check_jobs(jobs)
     if save_hlo:

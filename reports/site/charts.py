@@ -89,8 +89,7 @@ def hover(view: RunView) -> str:
         versions = ", ".join(f"{k} {env.versions[k]}" for k in VERSIONS_SHOWN
                              if env.versions.get(k))
     lines = [f"<b>{html.escape(view.run_id)}</b> ({x_time(view.time)} UTC)",
-             f"commit {html.escape((view.commit or '?')[:12])}"
-             f"{' (dirty)' if env and env.git_dirty else ''}",
+             f"commit {html.escape(view.code)}",
              html.escape(versions), f"median {_ci(view)}",
              f"<b>{view.verdict}</b>: {html.escape(_wrap(view.why))}"]
     return "<br>".join(line for line in lines if line)
@@ -98,7 +97,7 @@ def hover(view: RunView) -> str:
 
 def short_hover(view: RunView) -> str:
     """A run in one line: when, which commit, its verdict (the timing chart has the rest)."""
-    return (f"{x_time(view.time)} UTC, commit {html.escape((view.commit or '?')[:10])}: "
+    return (f"{x_time(view.time)} UTC, commit {html.escape(view.code)}: "
             f"{view.verdict}")
 
 

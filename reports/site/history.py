@@ -137,9 +137,10 @@ class RunView:
         return next((r.environment for r in self.records if r.environment), None)
 
     @property
-    def commit(self) -> str | None:
+    def code(self) -> str:
+        """The code the run ran, in words (reports.record.Environment.code)."""
         env = self.environment
-        return env.git_sha if env else None
+        return env.code() if env else "?"
 
     @property
     def comparison(self):

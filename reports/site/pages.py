@@ -139,7 +139,7 @@ def index(histories: Sequence[CellHistory], *, source: str, generated: str) -> s
             f"{len(h.timed)}{f' +{len(h.plans)}p' if h.plans else ''}</td>"
             f'<td data-sort="{_e(when.time if when else "")}">'
             f"{_e(charts.x_time(when.time)[:16] if when else '-')}"
-            f"<br><code>{_e((when.commit or '?')[:10] if when else '')}</code></td></tr>")
+            f"<br><code>{_e(when.code if when else '')}</code></td></tr>")
     head = "".join(
         f'<th class="sortable" data-type="{kind}">{_e(name)}</th>' if kind else
         f"<th>{_e(name)}</th>" for name, kind in HEADERS)
@@ -175,7 +175,7 @@ def _runs_table(views: Sequence[RunView], label: str) -> str:
     shown = list(views)[-RUNS_LISTED:][::-1]
     rows = "".join(
         f"<tr><td>{_e(charts.x_time(v.time))}</td><td><code>{_e(v.run_id)}</code></td>"
-        f"<td><code>{_e((v.commit or '?')[:10])}</code></td>"
+        f"<td><code>{_e(v.code)}</code></td>"
         f'<td class="num">{_e(median_text(v)[0])}</td><td>{verdict_html(v)}</td>'
         f'<td class="why">{_e(v.why)}</td></tr>' for v in shown)
     return (f"<details><summary>{_e(label)}: the latest {len(shown)} of {len(views)}"

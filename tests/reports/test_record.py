@@ -62,7 +62,7 @@ def test_our_decoders_options_are_spec_fields_and_name_the_cell_apart():
     (lambda r: r["timing"]["stats"].update(cv="high"), "field 'timing.stats.cv': expected float"),
     (lambda r: r["run"].update(steps=True), "field 'run.steps': expected int"),
     (lambda r: r.update(colour="red"), "unknown field 'colour'"),
-    (lambda r: r.update(schema=99), "schema 99, this version reads 1-11"),
+    (lambda r: r.update(schema=99), "schema 99, this version reads 1-12"),
     # Records that pass the schema but that no writer produces (an impossible result).
     (lambda r: r.update(status="weird"), "field 'status': 'weird' is neither"),
     (lambda r: r.update(timing=None), "field 'timing': an ok record holds its timing"),
@@ -86,7 +86,7 @@ def test_schema_3_reads_as_a_record_that_is_not_a_plan():
     raw.pop("plan")
     raw["schema"] = 3
     record = Record.from_json(raw)
-    assert record.schema == SCHEMA == 11
+    assert record.schema == SCHEMA == 12
     assert record.plan is None and record.run.plan_target is None
 
 
@@ -185,3 +185,14 @@ def test_a_checked_run_before_schema_11_timed_the_capture_and_is_not_compared_wi
     plan["run"].pop("capture")
     assert upgrade(plan)["run"]["capture"]
     assert "capture" not in upgrade(dict(plan, run=dict(plan["run"], plan_capture=False)))["run"]
+
+
+def test_a_record_of_schema_11_names_no_tree_of_its_files():
+    """Schema 12 added the tree id of the files that ran: a record written before reads
+    with none (unknown, not HEAD's), its commit and dirtiness as recorded."""
+    raw = Record.from_json(_v1_lines()[0]).to_json()
+    raw["environment"].pop("git_tree")
+    raw["schema"] = 11
+    record = Record.from_json(raw)
+    assert record.schema == SCHEMA and record.environment.git_tree is None
+    assert record.environment.git_sha == raw["environment"]["git_sha"]
