@@ -12,6 +12,12 @@ what the host has installed (`--host-has`), this writes two lists into the wheel
   built with, not this lock's. The host installs them with `pip install -r` against its
   index, which picks a version within each range, or refuses naming the package.
 
+A wheel may be carried without data it holds that nothing parity runs ever reads
+(`SLIM`, `--slim`): maxtext's tokenizer assets (10.8 MB of its 13.5 MB wheel), read only
+where MaxText tokenizes text (its input pipeline; every arm feeds synthetic token ids). The
+wheel is rewritten without those files and without their lines in its RECORD, so pip installs
+it as any other; its code is untouched (tests/harness/system/test_wheelhouse.py).
+
 Standard library only: `make wheelhouse` runs it with any Python 3.11+, before any install.
 """
 
@@ -19,12 +25,18 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import sys
+import tempfile
 import tomllib
+import zipfile
 from pathlib import Path
 
 TEST_ONLY = "# test only"
 """The line of a lock after which its packages serve the tests alone."""
+SLIM: dict[str, tuple[str, ...]] = {"maxtext": ("maxtext/assets/tokenizers/",)}
+"""Distribution -> the directories of its wheel that are carried without their files: data
+(no module) that no arm reads."""
 
 
 def canonical(name: str) -> str:
@@ -68,6 +80,42 @@ def split(lock: str, pyproject: str, host_has: list[str], host_index: list[str]
     return download, from_index
 
 
+def slim(wheel: Path, drop: tuple[str, ...]) -> int:
+    """Rewrites `wheel` in place without the files under `drop` (and their RECORD lines);
+    returns the compressed bytes left out. Refuses (ValueError) to leave out a module."""
+    with zipfile.ZipFile(wheel) as source:
+        dropped = [i for i in source.infolist() if i.filename.startswith(drop)]
+        modules = [i.filename for i in dropped if i.filename.endswith((".py", ".so"))]
+        if modules:
+            raise ValueError(f"{wheel.name}: {modules[0]} is code, not data: only data is "
+                             "left out of a wheel")
+        left_out = {i.filename for i in dropped}
+        with (tempfile.NamedTemporaryFile(dir=wheel.parent, suffix=".whl",
+                                          delete=False) as tmp,
+              zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as target):
+            for item in source.infolist():
+                if item.filename in left_out:
+                    continue
+                data = source.read(item)
+                if item.filename.endswith(".dist-info/RECORD"):
+                    data = "".join(line for line in data.decode().splitlines(True)
+                                   if line.split(",")[0] not in left_out).encode()
+                target.writestr(item, data)
+    shutil.move(tmp.name, wheel)
+    return sum(i.compress_size for i in dropped)
+
+
+def slim_all(wheelhouse: Path) -> list[str]:
+    """Each wheel of SLIM's distributions in `wheelhouse` slimmed; one line each."""
+    said = []
+    for name, drop in SLIM.items():
+        for wheel in sorted(wheelhouse.glob(f"{name}-*.whl")):
+            left_out = slim(wheel, drop)
+            said.append(f"{wheel.name}: left out {left_out / 1e6:.1f} MB under "
+                        f"{', '.join(drop)}")
+    return said
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Writes the offline host's install lists.")
     parser.add_argument("--lock", type=Path, default=Path("requirements-py311.lock"))
@@ -75,7 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-has", default="", help="packages the host has installed")
     parser.add_argument("--host-index", default="", help="packages the host's index holds")
     parser.add_argument("--out", type=Path, required=True, help="the wheelhouse directory")
+    parser.add_argument("--slim", action="store_true",
+                        help="rewrite the downloaded wheels SLIM names without the data no "
+                             "arm reads (after the download)")
     args = parser.parse_args(argv)
+    if args.slim:
+        try:
+            print("\n".join(slim_all(args.out)))
+        except (ValueError, OSError, zipfile.BadZipFile) as err:
+            print(f"wheelhouse: error: {err}", file=sys.stderr)
+            return 2
+        return 0
     try:
         download, from_index = split(args.lock.read_text(), args.pyproject.read_text(),
                                      args.host_has.split(), args.host_index.split())
