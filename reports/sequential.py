@@ -128,7 +128,7 @@ class Look:
     and the cell ran its fewest rounds; the look at the budget always counts)."""
     settled: str | None
     """`stats.SLOWER`, `stats.FASTER` or `NEITHER` where the look settled the verdict;
-    None where it did not."""
+    None where it did not (nor ever where the budget was asked for: `early` False)."""
     early: bool = True
     """Looks before the budget were allowed (False: the A/B ran its whole budget by
     request, and its one look is the ordinary 95% comparison)."""
