@@ -99,10 +99,12 @@ class CellComparison:
 
 
 def compare_cells(old: Cell, new: Cell, *, paired: bool = False,
-                  min_effect: float | None = None, full_ci: bool = True) -> CellComparison:
+                  min_effect: float | None = None, full_ci: bool = True,
+                  confidence: float = stats.CONFIDENCE) -> CellComparison:
     """`new` against `old`, judged at `min_effect` (None: the backend's,
-    stats.default_min_effect). `full_ci=False`: the timing's CI is computed only where it
-    can make the timing slower or faster (`stats.compare`'s `full_ci`)."""
+    stats.default_min_effect), the timing's CI at `confidence` (a sequential A/B's look:
+    reports.sequential). `full_ci=False`: the timing's CI is computed only where it can
+    make the timing slower or faster (`stats.compare`'s `full_ci`)."""
     warnings = [f"{side}: {w}" for side, cell in (("old", old), ("new", new))
                 for w in ([*(noise.warnings(cell.runs) if cell.runs else []),
                            *noise.machine_warnings(
@@ -126,7 +128,7 @@ def compare_cells(old: Cell, new: Cell, *, paired: bool = False,
     rule = {"busy": stats.busy([r.timing.other_load for r in (*old.ok, *new.ok) if r.timing]),
             "backend": stats.one_backend(r.environment.backend if r.environment else None
                                          for r in (*old.ok, *new.ok)),
-            "min_effect": min_effect}
+            "min_effect": min_effect, "confidence": confidence}
     sliced = old.slices, new.slices
     if pair and sliced[0] and sliced[1] and _shape(sliced[0]) == _shape(sliced[1]):
         # Lockstep A/B: slice i of both sides' run r ran next to each other.
@@ -150,10 +152,11 @@ def _counted(lines) -> list[str]:
 
 
 def compare_sets(old: Sequence[Record], new: Sequence[Record], *, paired: bool = False,
-                 min_effect: float | None = None,
-                 across_stacks: bool = False) -> list[CellComparison]:
+                 min_effect: float | None = None, across_stacks: bool = False,
+                 confidence: float = stats.CONFIDENCE) -> list[CellComparison]:
     """Every cell of either set: compared where both have it, else listed as only in one;
-    timings judged at `min_effect` (None: each cell's backend's).
+    timings judged at `min_effect` (None: each cell's backend's), their CIs at
+    `confidence`.
 
     Cells match on `Record.cell_key()`, so records of other versions, backends, devices or
     XLA flags are never compared (they show as only in one set), except that
@@ -168,7 +171,8 @@ def compare_sets(old: Sequence[Record], new: Sequence[Record], *, paired: bool =
             rows.append(CellComparison(name=cell.name, old=None, new=cell, timing=None,
                                        verdict=ONLY_NEW, cost_changes=[], warnings=[]))
         else:
-            rows.append(compare_cells(match, cell, paired=paired, min_effect=min_effect))
+            rows.append(compare_cells(match, cell, paired=paired, min_effect=min_effect,
+                                      confidence=confidence))
     rows += [CellComparison(name=c.name, old=c, new=None, timing=None, verdict=ONLY_OLD,
                             cost_changes=[], warnings=[]) for c in old_cells.values()]
     if rows and all(row.old is None or row.new is None for row in rows):
@@ -204,10 +208,15 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
 def rule_text(rows: Sequence[CellComparison], *, new_label: str = "new",
               old_label: str = "old") -> str:
     """The rule printed above a table of `rows`: the ratio, what each label means, and the
-    minimum effect and process spread actually used for these rows' runs (stats.rule)."""
+    minimum effect and process spread actually used for these rows' runs (stats.rule), and
+    where a row's CI is at another confidence (a sequential A/B's look), that it says so."""
     used = stats.rule([row.timing for row in rows if row.timing])
+    looked = any(row.timing.confidence != stats.CONFIDENCE for row in rows if row.timing)
     return (f"Ratio = median {new_label} / median {old_label} (above 1.00: {new_label} is "
-            "slower), 95% CI from a bootstrap over runs then steps, "
+            "slower), 95% CI from a bootstrap over runs then steps"
+            + (" (a CI at another confidence says so: the look of a sequential A/B that "
+               "decided the row, its confidence raised for its share of the 5%)"
+               if looked else "") + ", "
             f"{stats.MIN_STEPS}+ steps a run. {stats.LEGEND}"
             + (f" Used for these runs: {used}." if used else "")
             + " Cost metrics are compared exactly.")
@@ -216,15 +225,17 @@ def rule_text(rows: Sequence[CellComparison], *, new_label: str = "new",
 def markdown(rows: Sequence[CellComparison], *, old_label: str = "old",
              new_label: str = "new") -> str:
     """The comparison table, then every cost change and warning."""
+    levels = {row.timing.confidence for row in rows if row.timing} - {stats.CONFIDENCE}
     lines = [
         rule_text(rows, new_label=new_label, old_label=old_label), "",
-        f"| cell | {old_label} median ms | {new_label} median ms | runs | ratio [95% CI] "
-        "| verdict | MDE | cost changes |",
+        f"| cell | {old_label} median ms | {new_label} median ms | runs | ratio "
+        f"[{'CI, 95% unless named' if levels else '95% CI'}] | verdict | MDE | cost changes |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         t = row.timing
-        ratio = (f"{t.ratio:.3f} [{t.low:.3f}, {t.high:.3f}]" if t and t.low is not None
+        ratio = (f"{t.ratio:.3f} [{t.low:.3f}, {t.high:.3f}]{stats.level(t)}"
+                 if t and t.low is not None
                  else f"{t.ratio:.3f}" if t else "-")
         runs = f"{len(row.old.ok) if row.old else 0} / {len(row.new.ok) if row.new else 0}"
         changed = ", ".join(c.metric for c in row.cost_changes) or "none"

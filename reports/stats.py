@@ -36,6 +36,11 @@ code. The rule:
   where the runs could reach the confidence, else "too few samples";
 - MDE (minimum detectable effect): the CI's half-width relative to the ratio.
 
+A sequential A/B (`parity ab`, `parity bisect`) asks for its looks' CIs at a higher
+confidence (`compare(..., confidence=)`), and stops once a look settles the verdict:
+`reports.sequential`. The trace explanation's "beyond noise" for an op is
+`reports.trace_noise`'s, from this rule's process spread and minimum effect.
+
 A cell's median over runs with its run-level CI is `reports.medians`'; instability and
 machine warnings, printed beside a verdict but never deciding one, are `reports.noise`'s.
 """
@@ -147,6 +152,8 @@ class Comparison:
     min_effect: float = MIN_EFFECT
     """The smallest relative difference that earns slower or faster: the backend's
     (`default_min_effect`) unless the caller named one."""
+    confidence: float = CONFIDENCE
+    """The CI's confidence: CONFIDENCE, or a sequential A/B look's (reports.sequential)."""
 
     @property
     def mde(self) -> float | None:
@@ -197,19 +204,22 @@ def _resampled_medians(runs: list[np.ndarray], picks: np.ndarray,
 
 
 def _rule(old: Sequence[np.ndarray], new: Sequence[np.ndarray], busy: bool,
-          backend: str | None, min_effect: float | None) -> dict:
+          backend: str | None, min_effect: float | None, confidence: float) -> dict:
     """The fields of a Comparison that say how it is judged: the process spread of these
-    runs (`process_log_sd`) and its bound, the backend, and the minimum effect."""
+    runs (`process_log_sd`) and its bound at `confidence`, the backend, the minimum effect
+    and the confidence."""
     sd = process_log_sd(old, new, busy=busy, backend=backend)
-    return {"spread_bound": _process_bound(sd, len(old), len(new), CONFIDENCE),
-            "log_sd": sd, "backend": backend, "busy": busy,
+    return {"spread_bound": _process_bound(sd, len(old), len(new), confidence),
+            "log_sd": sd, "backend": backend, "busy": busy, "confidence": confidence,
             "min_effect": default_min_effect(backend) if min_effect is None else min_effect}
 
 
 def compare(old: Runs, new: Runs, *, paired: bool = False, seed: int = SEED,
             resamples: int = RESAMPLES, busy: bool = False, backend: str | None = None,
-            min_effect: float | None = None, full_ci: bool = True) -> Comparison:
-    """median(new)/median(old) with a two-level (runs, then steps) bootstrap CI.
+            min_effect: float | None = None, full_ci: bool = True,
+            confidence: float = CONFIDENCE) -> Comparison:
+    """median(new)/median(old) with a two-level (runs, then steps) bootstrap CI at
+    `confidence` (a sequential A/B's look asks for more: reports.sequential).
 
     `paired`: run i of `old` ran next to run i of `new` (interleaved rounds); needs the same
     number of runs on both sides and resamples them together. Too few pairs to ever reach the
@@ -230,7 +240,7 @@ def compare(old: Runs, new: Runs, *, paired: bool = False, seed: int = SEED,
     paired = paired and (luck_bound(len(old_runs), len(new_runs), True) <= 1 - CONFIDENCE)
     ratio = float(np.median(np.concatenate(new_runs)) / np.median(np.concatenate(old_runs)))
     min_steps = min(len(r) for r in [*old_runs, *new_runs])
-    judged = _rule(old_runs, new_runs, busy, backend, min_effect)
+    judged = _rule(old_runs, new_runs, busy, backend, min_effect, confidence)
     effect = judged["min_effect"]
     sizes = {"ratio": ratio, "runs_old": len(old_runs), "runs_new": len(new_runs),
              "min_steps": min_steps, "paired": paired, **judged}
@@ -242,7 +252,7 @@ def compare(old: Runs, new: Runs, *, paired: bool = False, seed: int = SEED,
                  else rng.integers(0, len(new_runs), (resamples, len(new_runs))))
     ratios = (_resampled_medians(new_runs, picks_new, rng)
               / _resampled_medians(old_runs, picks_old, rng))
-    tail = expanded_tail(min(len(old_runs), len(new_runs))) * 100
+    tail = expanded_tail(min(len(old_runs), len(new_runs)), confidence) * 100
     return Comparison(low=float(np.percentile(ratios, tail)),
                       high=float(np.percentile(ratios, 100 - tail)), **sizes)
 
@@ -250,10 +260,11 @@ def compare(old: Runs, new: Runs, *, paired: bool = False, seed: int = SEED,
 def compare_slices(old: Sequence[Sequence[Sequence[float]]],
                    new: Sequence[Sequence[Sequence[float]]], *, seed: int = SEED,
                    resamples: int = RESAMPLES, busy: bool = False,
-                   backend: str | None = None, min_effect: float | None = None) -> Comparison:
+                   backend: str | None = None, min_effect: float | None = None,
+                   confidence: float = CONFIDENCE) -> Comparison:
     """median(new)/median(old) of two arms timed in one process in alternating slices
-    (in-process pairing), each side given as processes x slices x steps; `busy`, `backend`
-    and `min_effect` as `compare`'s.
+    (in-process pairing), each side given as processes x slices x steps; `busy`, `backend`,
+    `min_effect` and `confidence` as `compare`'s.
 
     Slice i of process p of both sides ran next to each other, so they are resampled
     together: a three-level paired bootstrap (processes, then the slices inside each, then
@@ -276,14 +287,14 @@ def compare_slices(old: Sequence[Sequence[Sequence[float]]],
         return np.median(x[pick_p, pick_s, steps].reshape(resamples, -1), axis=1)
 
     ratios = medians(n) / medians(o)
-    tail = expanded_tail(procs * slices) * 100
+    tail = expanded_tail(procs * slices, confidence) * 100
     ratio = float(np.median(n) / np.median(o))
     return Comparison(ratio=ratio, low=float(np.percentile(ratios, tail)),
                       high=float(np.percentile(ratios, 100 - tail)),
                       runs_old=procs * slices, runs_new=procs * slices,
                       min_steps=min(o.shape[1] * o.shape[2], n.shape[1] * n.shape[2]),
                       paired=True, **_rule([r.ravel() for r in o], [r.ravel() for r in n],
-                                           busy, backend, min_effect))
+                                           busy, backend, min_effect, confidence))
 
 
 def spread_bound(old: Sequence[np.ndarray], new: Sequence[np.ndarray],
@@ -405,10 +416,20 @@ def label(c: Comparison, min_effect: float | None = None, *, mde: bool = True) -
 
 
 def describe(c: Comparison, min_effect: float | None = None) -> str:
-    """'1.030 [1.029, 1.031]: detected, under the 5% minimum effect': the ratio, its CI and
-    `label`, for a line that has no table around it."""
-    ci = f" [{c.low:.3f}, {c.high:.3f}]" if c.low is not None else ""
+    """'1.030 [1.029, 1.031]: detected, under the 5% minimum effect': the ratio, its CI (its
+    confidence named where not CONFIDENCE's, `level`) and `label`, for a line that has no
+    table around it."""
+    ci = f" [{c.low:.3f}, {c.high:.3f}]{level(c)}" if c.low is not None else ""
     return f"{c.ratio:.3f}{ci}: {label(c, min_effect)}"
+
+
+def level(c: Comparison) -> str:
+    """' (99.64% CI)' beside a CI of another confidence than CONFIDENCE's (to the digit
+    that keeps it under 100%), else ''."""
+    if c.confidence == CONFIDENCE:
+        return ""
+    digits = max(0, math.ceil(-math.log10(1 - c.confidence)) - 1)
+    return f" ({c.confidence * 100:.{digits}f}".rstrip("0").rstrip(".") + "% CI)"
 
 
 LEGEND = ("Labels: slower / faster: the 95% CI (widened by the process-spread bound where runs are "
@@ -455,35 +476,6 @@ def rule(found: Sequence[Comparison]) -> str:
 def step_noise_bound(backend: str | None = None) -> float:
     """The process bound at one capture a side: 2.0x on the CPU machine, 1.028x on a TPU."""
     return _process_bound(prior_log_sd(backend=backend), 1, 1, CONFIDENCE)
-
-
-def step_noise_rule(backend: str | None = None) -> str:
-    """`beyond_step_noise` in words, for a table's legend."""
-    where = "on a TPU" if backend == "tpu" else "on the CPU machine"
-    return ("every traced step of one side lies outside the other side's range and the "
-            "median step moved by more than two whole processes of identical code may "
-            f"differ ({step_noise_bound(backend):.3g}x {where}, one capture a side) and by "
-            f"{percent(default_min_effect(backend))}+ of the step (the minimum effect "
-            f"{where})")
-
-
-def beyond_step_noise(a: Sequence[float], b: Sequence[float], step: float,
-                      backend: str | None = None) -> bool:
-    """Whether one op's (or category's) time per traced step moved beyond noise from `a` to
-    `b`, two captures of one process each: the per-step ranges are disjoint (A/A noise of
-    its own steps), and the median step's ratio clears the process-spread bound of one run
-    a side (`step_noise_bound`: the prior of `backend`, where the captures ran) with a
-    change of at least the backend's minimum effect (`default_min_effect`) of `step` (the
-    step's span: a change that cannot move the step by that much explains no verdict).
-    Medians: one slow step (a first traced step's cold cache) moves nothing. A side without
-    steps is not compared."""
-    if not a or not b or min(a) < 0 or min(b) < 0:
-        return False
-    disjoint = max(a) < min(b) or max(b) < min(a)
-    mean_a, mean_b = statistics.median(a), statistics.median(b)
-    ratio = max(mean_a, mean_b) / min(mean_a, mean_b) if min(mean_a, mean_b) > 0 else math.inf
-    return (disjoint and ratio > step_noise_bound(backend)
-            and abs(mean_b - mean_a) >= default_min_effect(backend) * step)
 
 
 def run_median(run: np.ndarray | Sequence[float]) -> float:

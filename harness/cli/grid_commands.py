@@ -280,6 +280,12 @@ def _ab_arguments(parser: argparse.ArgumentParser, out: str) -> None:
                              "at a time holds the chip): one after the other")
     parser.add_argument("--slices", type=int,
                         help="lockstep: slices the timed steps are cut into (default 5)")
+    parser.add_argument("--fixed-rounds", action="store_true",
+                        help="run every one of --rounds rounds and judge once, at 95%%; by "
+                             "default a cell stops as soon as its verdict at the minimum "
+                             "effect cannot change (a sequential rule: each look's CI at a "
+                             "confidence raised for its share of the 5%%; docs/numbers.md), "
+                             "and --rounds is the most it runs")
 
 
 def _ab_extra(args: argparse.Namespace) -> list[str]:
@@ -289,7 +295,7 @@ def _ab_extra(args: argparse.Namespace) -> list[str]:
                         ("--slices", args.slices)):
         if value is not None:
             found += [flag, str(value)]
-    return found
+    return found + (["--fixed-rounds"] if args.fixed_rounds else [])
 
 
 def _stack(python: str | None, site: str | None):
@@ -303,7 +309,8 @@ class AB(Command):
     help = "A/B two git refs (or two software stacks): the same cells, interleaved"
     description = ("Checks out REF_A and REF_B as git worktrees and runs every cell from "
                    "each, A's and B's processes side by side in lockstep (or one after the "
-                   "other), for --rounds rounds, each side in this Python environment or in "
+                   "other), for up to --rounds rounds (a cell stops once its verdict is "
+                   "settled; --fixed-rounds: all), each side in this Python environment or in "
                    "its own (--python-a/-b, --site-a/-b: a jax, flax, optax or libtpu "
                    "upgrade gated like a commit); reports the ratio of medians with a 95%% "
                    "CI, a verdict, the minimum detectable effect and any change in the exact "
@@ -337,7 +344,7 @@ class AB(Command):
                   "B": _stack(args.python_b, args.site_b)}
         result = ab.ab(args.ref_a, args.ref_b, wanted, options, pairing=args.pairing,
                        slices=args.slices or ab.SLICES, allow_dirty=args.allow_dirty,
-                       min_effect=args.threshold,
+                       min_effect=args.threshold, early=not args.fixed_rounds,
                        stacks={side: stack for side, stack in stacks.items() if stack},
                        watch=Progress(kept_in=args.out, also_kept="worktrees removed"))
         text = ab.markdown(args.ref_a, args.ref_b, result, options["rounds"])
@@ -405,7 +412,7 @@ class Bisect(Command):
                 args.good, args.bad, wanted, options, pairing=args.pairing,
                 slices=args.slices or ab.SLICES, allow_dirty=args.allow_dirty,
                 min_effect=args.threshold, stack=stack or None, watch=progress,
-                on_step=on_step)
+                on_step=on_step, early=not args.fixed_rounds)
         text = bisect_job.markdown(args.good, args.bad, found, wanted, extra)
         out = OutDir(args.out)
         out.root.mkdir(parents=True, exist_ok=True)

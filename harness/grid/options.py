@@ -9,7 +9,7 @@ from typing import Any
 from harness.contract import IN_PROCESS, LOCKSTEP, PROCESSES
 from harness.grid import suites
 from harness.grid.expand import RUN_KEYS, SPEC_KEYS
-from reports import stats
+from reports import sequential, stats
 
 SUITE_ONLY_KEYS = ("description", "arms", "timeout_s", "ragged", "regression_threshold",
                    "cpu_devices", "rounds", "target", "target_slices", "micro_batch")
@@ -103,15 +103,31 @@ def check_pairable(arms: list[str], steps: int, slices: int) -> None:
     check_slices(slices, steps)
 
 
+LOCKSTEP_MIN_ROUNDS = 2
+"""Fewest rounds of a lockstep A/B, whatever its slice pairs: one round is one process a
+side, whose luck (where it landed in memory, which core) a round more samples."""
+
+
 def check_ab_rounds(rounds: int, pairing: str, slices: int) -> None:
     """--rounds of `parity ab`: enough pairs for a verdict to reach 95% (reports.stats):
     MIN_PAIRS interleaved rounds where A's and B's processes run one after the other; in
-    lockstep, where slice pairs are the unit, at least 2 rounds (the luck of a process is
-    sampled) of MIN_PAIRS slice pairs in all."""
+    lockstep, where slice pairs are the unit, at least LOCKSTEP_MIN_ROUNDS rounds (the luck
+    of a process is sampled) of MIN_PAIRS slice pairs in all."""
     if pairing == PROCESSES and rounds < stats.MIN_PAIRS:
         raise ValueError(f"--rounds {rounds}: A/B needs at least {stats.MIN_PAIRS} rounds "
                          "(fewer interleaved pairs cannot reach 95% confidence)")
-    if pairing == LOCKSTEP and (rounds < 2 or rounds * slices < stats.MIN_PAIRS):
+    if pairing == LOCKSTEP and (rounds < LOCKSTEP_MIN_ROUNDS
+                                or rounds * slices < stats.MIN_PAIRS):
         raise ValueError(f"--rounds {rounds} with --slices {slices}: lockstep A/B needs at "
-                         f"least 2 rounds and {stats.MIN_PAIRS} slice pairs in all (fewer "
-                         "cannot reach 95% confidence)")
+                         f"least {LOCKSTEP_MIN_ROUNDS} rounds and {stats.MIN_PAIRS} slice "
+                         "pairs in all (fewer cannot reach 95% confidence)")
+
+
+def first_look(pairing: str, slices: int) -> int:
+    """The fewest rounds whose look may stop an A/B before its budget: where its runs
+    could reach 95% at all (reports.sequential.first_round: 4 + 4 independent runs where
+    A's and B's processes run one after the other; MIN_PAIRS slice pairs in lockstep), and
+    in lockstep at least LOCKSTEP_MIN_ROUNDS."""
+    if pairing == LOCKSTEP:
+        return max(LOCKSTEP_MIN_ROUNDS, sequential.first_round(slices))
+    return sequential.first_round()

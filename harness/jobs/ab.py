@@ -7,7 +7,10 @@ directory: a jax, flax, optax or libtpu upgrade is then one side of the A/B, lik
 commit). By default the two refs' processes of a cell run side by side in lockstep, their
 steps alternating in slices (harness.orchestrator.lockstep); with `--pairing processes`,
 A's and B's processes of a round run one after the other (A B in even rounds, B A in odd
-ones). `parity ab HEAD HEAD` is the A/A run: it measures the noise floor.
+ones). After each round of a cell the sequential rule looks at its rounds, and a cell whose
+verdict more rounds cannot change runs no more (harness.jobs.stopping, reports.sequential);
+`--rounds` is the most it runs. `parity ab HEAD HEAD` is the A/A run: it measures the noise
+floor.
 
 `Session` is what the A/Bs of one command share (the grid, the pairing, the worktrees and a
 compile cache per commit and stack): `parity ab` runs one A/B in it, `parity bisect`
@@ -25,7 +28,8 @@ from pathlib import Path
 from harness.contract import CAPTURE_PROTOCOL, LOCKSTEP, PROCESSES
 from harness.grid import options as grid_options
 from harness.jobs.explain import what_changed
-from harness.jobs.grid import Grid, Request, Watch, quiet, traced
+from harness.jobs.grid import Grid, OnRecord, Request, Watch, quiet, traced
+from harness.jobs.stopping import Judge, Stop, Stopper
 from harness.orchestrator.executors import CellProcesses
 from harness.orchestrator.lockstep import LockstepPairs
 from harness.orchestrator.loop import Sink, Slot, Task, run_tasks, schedule
@@ -47,11 +51,12 @@ from reports.record import ABTag, Record
 ROUNDS = 16
 STEPS = 10
 SLICES = 5
-"""Defaults: 16 rounds of 10 steps, A's and B's processes in lockstep, their steps in 5
-slices. On a 2-core CPU VM the noise is set by how far a whole process's median moves from
-the next process's (6-15%), against a 1-3% standard error of one process's median over 10
-steps, so rounds buy far more than steps; lockstep pairs slices seconds apart, which halves
-the CI's width against processes one after the other. The measured MDEs and wall times of
+"""Defaults: at most 16 rounds of 10 steps (a cell stops sooner once its verdict is
+settled), A's and B's processes in lockstep, their steps in 5 slices. On a 2-core CPU VM
+the noise is set by how far a whole process's median moves from the next process's
+(6-15%), against a 1-3% standard error of one process's median over 10 steps, so rounds buy
+far more than steps; lockstep pairs slices seconds apart, which halves the CI's width
+against processes one after the other. The measured MDEs and wall times of
 both are in docs/numbers.md ("Lockstep A/B")."""
 STACK_FLAGS = {"A": ("--python-a", "--site-a"), "B": ("--python-b", "--site-b")}
 """The options that give each side its software stack (harness.cli)."""
@@ -69,6 +74,9 @@ class ABResult:
     """The slices of each lockstep round; 0: A's and B's processes ran one after the other."""
     stacks: dict[str, Stack] = dataclasses.field(default_factory=dict)
     """The software stack of each side given one (the others ran in this environment)."""
+    stops: list[Stop] = dataclasses.field(default_factory=list)
+    """How each cell ended, in the grid's order: the rounds it ran and why no more (its
+    sequential rule's last look, harness.jobs.stopping)."""
 
     @property
     def slower(self) -> bool:
@@ -121,13 +129,15 @@ def check(options: dict, pairing: str, slices: int) -> None:
 
 
 class Session:
-    """What the A/Bs of one command share: the checked grid, the pairing, a temp dir (the
-    reaper removes it should this process be killed), the worktrees (one per commit) and a
-    store per commit and stack (its compile caches: a commit's later A/Bs load what its
-    first one compiled). Made by `session`."""
+    """What the A/Bs of one command share: the checked grid, the pairing, whether a cell
+    stops once its verdict is settled (`early`: reports.sequential; else it runs every
+    round), a temp dir (the reaper removes it should this process be killed), the worktrees
+    (one per commit) and a store per commit and stack (its compile caches: a commit's later
+    A/Bs load what its first one compiled). Made by `session`."""
 
-    def __init__(self, grid: Grid, pairing: str, slices: int, tmp: Path, trees: Worktrees):
-        self.grid, self.pairing, self.slices = grid, pairing, slices
+    def __init__(self, grid: Grid, pairing: str, slices: int, tmp: Path, trees: Worktrees,
+                 early: bool = True):
+        self.grid, self.pairing, self.slices, self.early = grid, pairing, slices, early
         self.tmp, self.trees = tmp, trees
         self._stores: dict[tuple[str, Stack], RunStore] = {}
 
@@ -156,12 +166,14 @@ class Session:
 
     def ab(self, ab_id: str, shas: dict[str, str], *, stacks: dict[str, Stack] | None = None,
            min_effect: float | None = None, watch: Watch = quiet) -> ABResult:
-        """B against A: each cell of the grid from both commits (in their stacks), `rounds`
-        times (schedule's order), A and B of a round side by side in lockstep or back to
-        back; the rounds (and, in lockstep, the slices inside them) compared as pairs, at
-        `min_effect` (None: the backend's). Records go to OUT/<ab id>-A.jsonl and -B.jsonl.
-        A ref whose worker times other work (`check_times_trainer`) or cannot time in
-        lockstep is refused once checked out."""
+        """B against A: each cell of the grid from both commits (in their stacks), up to
+        `rounds` times (schedule's order), A and B of a round side by side in lockstep or
+        back to back; the rounds (and, in lockstep, the slices inside them) compared as
+        pairs, at `min_effect` (None: the backend's). After each round of a cell the
+        sequential rule looks at it, and a cell it settles runs no more rounds (`Stopper`;
+        all of them where the session is not `early`). Records go to OUT/<ab id>-A.jsonl
+        and -B.jsonl. A ref whose worker times other work (`check_times_trainer`) or cannot
+        time in lockstep is refused once checked out."""
         stacks = {side: stack for side, stack in (stacks or {}).items() if stack}
         refs = {side: self.trees.ref(side, sha, stacks.get(side, Stack()))
                 for side, sha in shas.items()}
@@ -175,30 +187,61 @@ class Session:
                     if lockstep else
                     # One cell per process and side; an older ref has no zygote.
                     CellProcesses(timeout_s=self.grid.timeout_s, prefork=False))
+        stopper = Stopper(judge(min_effect, bool(stacks)), budget=self.grid.rounds,
+                          min_rounds=grid_options.first_look(self.pairing, self.slices),
+                          early=self.early)
         with watch(self.grid, 2 * len(self.grid.cells) * self.grid.rounds) as (on_start,
                                                                                on_record):
-            found = run_tasks(tasks, executor, on_start=on_start, on_record=on_record)
+            found = run_tasks(tasks, executor, on_start=on_start,
+                              on_record=both(on_record, stopper.on_record), keep=stopper.keep)
         records: dict[str, list[Record]] = {"A": [], "B": []}
         for record in found:
             records[record.ab.side].append(record)
         rows = compare_sets(records["A"], records["B"], paired=True, min_effect=min_effect,
                             across_stacks=bool(stacks))
-        return ABResult(records=records, rows=rows, shas=dict(shas),
-                        lockstep_slices=self.slices if lockstep else 0, stacks=stacks)
+        return ABResult(records=records, rows=stopper.decided(rows), shas=dict(shas),
+                        lockstep_slices=self.slices if lockstep else 0, stacks=stacks,
+                        stops=stopper.stops())
+
+
+def judge(min_effect: float | None, across_stacks: bool) -> Judge:
+    """How a look compares one cell's records: `compare_sets` as the A/B's rows are (paired,
+    at `min_effect`, across the stacks' versions where the sides are stacks), its CIs at the
+    look's confidence; no rows where the records have no cell in common (yet)."""
+
+    def compare(a: list[Record], b: list[Record], confidence: float) -> list[CellComparison]:
+        try:
+            return compare_sets(a, b, paired=True, min_effect=min_effect,
+                                across_stacks=across_stacks, confidence=confidence)
+        except ValueError:
+            return []
+
+    return compare
+
+
+def both(first: OnRecord | None, second: OnRecord) -> OnRecord:
+    """One on_record callback calling `first` (where given), then `second`."""
+
+    def called(index: int, record: Record) -> None:
+        if first is not None:
+            first(index, record)
+        second(index, record)
+
+    return called
 
 
 @contextlib.contextmanager
-def session(request: Request, options: dict, *, pairing: str | None,
-            slices: int) -> Iterator[Session]:
+def session(request: Request, options: dict, *, pairing: str | None, slices: int,
+            early: bool = True) -> Iterator[Session]:
     """The grid of `options` (its device probe run), the pairing on its backend
     (`pairing_for`, checked), and the temp dir and worktrees of its A/Bs, all removed on
-    the way out (on a stop too)."""
+    the way out (on a stop too); `early`: its cells stop once settled (Session)."""
     grid = Grid(request, options)
     pairing = pairing_for(grid.environment, pairing)
     check(options, pairing, slices)
     with tempfile.TemporaryDirectory(prefix="parity-ab-") as tmp, \
             REAPER.watch("path", path=tmp), Worktrees(Path(tmp)) as trees:
-        yield Session(grid, pairing, slices, Path(tmp), trees)
+        yield Session(grid, pairing, slices, Path(tmp), trees, early)
 
 
 def check_stacks(stacks: dict[str, Stack]) -> None:
@@ -210,9 +253,10 @@ def check_stacks(stacks: dict[str, Stack]) -> None:
 def ab(ref_a: str, ref_b: str, request: Request, options: dict, *,
        pairing: str | None = None, slices: int = SLICES, allow_dirty: bool = False,
        min_effect: float | None = None, stacks: dict[str, Stack] | None = None,
-       watch: Watch = quiet) -> ABResult:
+       early: bool = True, watch: Watch = quiet) -> ABResult:
     """Runs each cell of `options` from both refs (`Session.ab`), each side in its stack
-    where `stacks` names one. Bad input fails before any process but git's, the stacks'
+    where `stacks` names one, a cell stopping once its verdict is settled unless not
+    `early` (--fixed-rounds). Bad input fails before any process but git's, the stacks'
     interpreters and the device probe: a repository that is not a checkout, an unknown ref,
     a ref naming a HEAD with uncommitted changes (unless `allow_dirty`), an interpreter that
     does not run or a site directory that is not there, the pairing, rounds and slicing."""
@@ -221,7 +265,7 @@ def ab(ref_a: str, ref_b: str, request: Request, options: dict, *,
     check_repo()
     shas = {"A": resolve(ref_a), "B": resolve(ref_b)}
     check_clean([ref_a, ref_b], allow_dirty=allow_dirty)
-    with session(request, options, pairing=pairing, slices=slices) as runs:
+    with session(request, options, pairing=pairing, slices=slices, early=early) as runs:
         return runs.ab(new_run_id("ab-"), shas, stacks=stacks, min_effect=min_effect,
                        watch=watch)
 
@@ -279,15 +323,27 @@ def stack_lines(result: ABResult) -> list[str]:
     return ["Software stacks (each side's records carry the versions it ran):", *lines, ""]
 
 
+def rounds_lines(result: ABResult) -> list[str]:
+    """How many rounds each cell ran and why no more (`ABResult.stops`)."""
+    if not result.stops:
+        return []
+    how = ("a cell stops once its verdict at the minimum effect cannot change, each look's "
+           "CI at a confidence raised for its share of the 5% (reports/sequential.py)"
+           if any(stop.look.early for stop in result.stops) else
+           "every round run (--fixed-rounds)")
+    return [f"Rounds ({how}):", *[f"- {stop.line()}" for stop in result.stops], ""]
+
+
 def markdown(ref_a: str, ref_b: str, result: ABResult, rounds: int) -> str:
     how = (f"A's and B's processes side by side, their steps alternating in "
            f"{result.lockstep_slices} slices (A B, then B A, ...); rounds, then the slice "
            "pairs inside them, are resampled as pairs." if result.lockstep_slices else
            "A and B back to back (A B, then B A, ...); rounds are resampled as pairs.")
+    early = any(stop.look.early for stop in result.stops)
     head = [f"## A/B: {ref_a} (A, {result.shas['A'][:10]}) vs {ref_b} "
             f"(B, {result.shas['B'][:10]})", "",
-            f"{rounds} interleaved rounds, each cell in its own process, {how}", "",
-            *stack_lines(result)]
+            f"{'Up to ' if early else ''}{rounds} interleaved rounds, each cell in its own "
+            f"process, {how}", "", *rounds_lines(result), *stack_lines(result)]
     table = compare_markdown(result.rows, old_label="A", new_label="B")
     changed = what_changed(result.rows)
     return "\n".join(head) + "\n" + table + (f"\n{changed}" if changed else "")

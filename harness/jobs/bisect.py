@@ -54,11 +54,19 @@ class Step:
         return "; ".join(f"{row.name}: {row.verdict}" for row in self.result.rows
                          if row.verdict in (FAILED, FIXED, ONLY_OLD, ONLY_NEW))
 
+    @property
+    def rounds(self) -> str:
+        """How many rounds the step's cell ran and why no more, e.g. 'settled: slower beyond
+        the 1% minimum effect after 4 of 16 rounds' (its A/B's `stops`)."""
+        return "; ".join(stop.look.reason() for stop in self.result.stops)
+
     def line(self) -> str:
-        """'1a2b3c4d5e subject: 1.100 [1.050, 1.150]: slower' (each cell's verdict)."""
+        """'1a2b3c4d5e subject (settled: slower beyond the 5% minimum effect after 2 of 16
+        rounds): 1.100 [1.050, 1.150] (99.77% CI): slower' (each cell's verdict last)."""
         said = "; ".join(stats.describe(row.timing) if row.timing else row.verdict
                          for row in self.result.rows)
-        return f"{self.sha[:10]} {self.subject}: {said}"
+        rounds = f" ({self.rounds})" if self.rounds else ""
+        return f"{self.sha[:10]} {self.subject}{rounds}: {said}"
 
 
 class Unjudged(Exception):  # noqa: N818 - a step that says nothing, not a fault
@@ -146,12 +154,13 @@ def check_cell(options: dict) -> None:
 def bisect(good: str, bad: str, request: Request, options: dict, *,
            pairing: str | None = None, slices: int = SLICES, allow_dirty: bool = False,
            min_effect: float | None = None, stack: Stack | None = None,
-           watch: Watch = quiet,
-           on_step: Callable[[Step, int], None] | None = None) -> Bisection:
+           watch: Watch = quiet, on_step: Callable[[Step, int], None] | None = None,
+           early: bool = True) -> Bisection:
     """Searches BAD's first-parent history after GOOD for the first commit whose one cell
     is slower than GOOD's (`search`), each step an A/B at `min_effect` (None: the
-    backend's), both sides in `stack` where given; `on_step(step, most)` hears of each step
-    as it ends (`most`: the steps the search may take). Bad input fails before anything
+    backend's), both sides in `stack` where given, each stopping once its verdict is settled
+    unless not `early` (harness.jobs.stopping); `on_step(step, most)` hears of each step as
+    it ends (`most`: the steps the search may take). Bad input fails before anything
     runs but git, the stack's interpreter and the device probe: unknown refs, a range that
     cannot be searched, a grid of more than one cell, a dirty HEAD named (unless
     `allow_dirty`), an interpreter or site directory that is not there, the pairing."""
@@ -164,7 +173,7 @@ def bisect(good: str, bad: str, request: Request, options: dict, *,
     good_sha, bad_sha, commits = commit_range(good, bad)
     check_clean([good, bad], allow_dirty=allow_dirty)
     steps: list[Step] = []
-    with session(request, options, pairing=pairing, slices=slices) as runs:
+    with session(request, options, pairing=pairing, slices=slices, early=early) as runs:
         measure = _measurer(runs, good_sha, commits, steps, new_run_id("bisect-"),
                             {"stacks": stacks, "min_effect": min_effect, "watch": watch},
                             on_step)
@@ -246,12 +255,16 @@ def markdown(good: str, bad: str, found: Bisection, request: Request,
     lines = [f"## Bisect: {good} ({found.good[:10]}) .. {bad} ({found.bad[:10]}), "
              f"{len(found.commits)} commits", "",
              "Each step: an A/B of one commit (B) against GOOD (A); slower = beyond noise by "
-             "at least the minimum effect (reports.stats).", "",
-             "| step | commit | subject | B / GOOD [95% CI]: verdict |", "|---|---|---|---|"]
+             "at least the minimum effect (reports.stats); rounds: how many it ran and why no "
+             "more (reports.sequential: a step stops once its verdict is settled, its CI "
+             "then at the confidence named).", "",
+             "| step | commit | subject | rounds | B / GOOD [CI]: verdict |",
+             "|---|---|---|---|---|"]
     for step in found.steps:
         said = "; ".join(stats.describe(row.timing) if row.timing else row.verdict
                          for row in step.result.rows)
-        lines.append(f"| {step.number} | {step.sha[:10]} | {step.subject} | {said} |")
+        lines.append(f"| {step.number} | {step.sha[:10]} | {step.subject} | "
+                     f"{step.rounds or '-'} | {said} |")
     lines.append("")
     if found.unjudged is not None:
         lines.append(f"Stopped at {found.unjudged.sha[:10]}: its cell did not run on a side "

@@ -10,7 +10,7 @@ counted themselves. A device is
 matched across the sides by its plane name, an op by its HLO op name, so two captures of one
 program line up op by op; two programs (two arms) line up by category.
 
-Whether a change is beyond noise is decided by `reports.stats.beyond_step_noise`, from each
+Whether a change is beyond noise is decided by `reports.trace_noise.beyond_step_noise`, from each
 side's own steps, with the process spread of the backend both captures ran on (a TPU's
 where every device is a TPU). A category absent from one side costs that side 0 ms a step
 (two programs line up by category, so its absence is a reading); an op of one side only is
@@ -25,7 +25,7 @@ from collections import defaultdict
 
 from harness.measure import xplane
 from harness.xla import categories
-from reports import stats
+from reports import trace_noise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +137,7 @@ def _movers(a: dict, b: dict, spans: dict[str, float], name_category, backend: s
     for key in dict.fromkeys([*a, *b]):
         device, name = key
         sa, sb = a.get(key, absent[0]), b.get(key, absent[1])
-        beyond = bool(sa and sb) and stats.beyond_step_noise(sa, sb, spans.get(device, 0.0),
+        beyond = bool(sa and sb) and trace_noise.beyond_step_noise(sa, sb, spans.get(device, 0.0),
                                                              backend)
         found.append(Mover(device=device, name=name, category=name_category(name),
                            a=sa, b=sb, beyond_noise=beyond))
@@ -172,7 +172,7 @@ def markdown(found: TraceExplanation, top: int | None = None) -> str:
     lines = [f"A: {a.label} ({a.steps} traced steps)", f"B: {b.label} ({b.steps} traced steps)",
              "", "Device time per traced step (mean over the steps; movers ranked by the "
              "change of the median step). A change is beyond noise where "
-             + stats.step_noise_rule(found.backend) + ".", "",
+             + trace_noise.step_noise_rule(found.backend) + ".", "",
              "| device | side | span ms | " + " | ".join(f"{k} ms (share)" for k in
                                                        xplane.BREAKDOWN) + " |",
              "|---|---|---|---|---|---|---|"]

@@ -136,11 +136,15 @@ def stamp(record: Record, slot: Slot, pairing: list[str] | None = None) -> None:
 
 def run_tasks(tasks: Sequence[Task], executor: Executor, *, jobs: int = 1,
               on_start: Callable[[CellRun, int], None] | None = None,
-              on_record: Callable[[int, Record], None] | None = None) -> list[Record]:
+              on_record: Callable[[int, Record], None] | None = None,
+              keep: Callable[[Task], bool] | None = None) -> list[Record]:
     """Runs every task whose slots are not all recorded yet (`recorded`), appending each new
     record to its sink's file as its task ends; returns the new records in task order.
     `jobs` > 1 runs that many tasks side by side (harness.orchestrator.pool; plans only):
-    files then hold records in the order the tasks ended."""
+    files then hold records in the order the tasks ended. `keep(task)`, asked as each task
+    is about to start (after the records of the tasks before it), may decline it: it does
+    not run and leaves no record (the rounds of a cell a sequential A/B has settled:
+    harness.jobs.stopping)."""
     sinks = list({id(slot.sink): slot.sink for task in tasks for slot in task}.values())
     done = {id(s): recorded(s.path, s.run_id) for s in sinks}
     pending = [task for task in tasks
@@ -151,6 +155,9 @@ def run_tasks(tasks: Sequence[Task], executor: Executor, *, jobs: int = 1,
     def run(number: int, task: Task) -> None:
         raise_if_signalled()
         with one_at_a_time:
+            if keep is not None and not keep(task):
+                finished.append((number, []))
+                return
             for slot in task:
                 if on_start:
                     on_start(slot.cell, slot.round)

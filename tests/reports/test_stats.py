@@ -9,7 +9,7 @@ Seeds are fixed, so every test is deterministic.
 import numpy as np
 import pytest
 
-from reports import medians, noise, stats
+from reports import medians, noise, stats, trace_noise
 
 
 def _side(rng, *, rounds=6, steps=60, scale=1.0, run_sd=0.02, step_sd=0.05, drift=None):
@@ -297,18 +297,18 @@ def test_median_ci_is_scipys_percentile_bootstrap_to_the_bit():
 
 def test_a_trace_mover_needs_disjoint_steps_a_process_sized_ratio_and_a_share_of_the_step():
     step = 10.0  # ms; 5% of it is 0.5 ms
-    assert stats.beyond_step_noise([1.0, 1.1, 0.9], [3.0, 3.2, 2.9], step)
-    assert stats.beyond_step_noise([3.0, 3.2, 2.9], [1.0, 1.1, 0.9], step)  # either way
+    assert trace_noise.beyond_step_noise([1.0, 1.1, 0.9], [3.0, 3.2, 2.9], step)
+    assert trace_noise.beyond_step_noise([3.0, 3.2, 2.9], [1.0, 1.1, 0.9], step)  # either way
     # overlapping steps: within the A/A noise of its own steps, however far the means are
-    assert not stats.beyond_step_noise([1.0, 1.1, 3.5], [3.0, 3.2, 2.9], step)
+    assert not trace_noise.beyond_step_noise([1.0, 1.1, 3.5], [3.0, 3.2, 2.9], step)
     # disjoint, but 1.9x: two whole processes of identical code may differ by 2.0x
-    assert not stats.beyond_step_noise([1.0, 1.0, 1.0], [1.9, 1.9, 1.9], step)
+    assert not trace_noise.beyond_step_noise([1.0, 1.0, 1.0], [1.9, 1.9, 1.9], step)
     # disjoint and 3x, but 0.2 ms of a 10 ms step: it cannot explain a verdict
-    assert not stats.beyond_step_noise([0.1, 0.1, 0.1], [0.3, 0.3, 0.3], step)
+    assert not trace_noise.beyond_step_noise([0.1, 0.1, 0.1], [0.3, 0.3, 0.3], step)
     # one slow step (a cold first step) moves the mean 20x, not the median
-    assert not stats.beyond_step_noise([0.5, 0.5, 0.5], [30.0, 0.6, 0.6], step)
+    assert not trace_noise.beyond_step_noise([0.5, 0.5, 0.5], [30.0, 0.6, 0.6], step)
     # an op on one side only is not compared here (it is listed as one side's)
-    assert not stats.beyond_step_noise([], [3.0], step)
+    assert not trace_noise.beyond_step_noise([], [3.0], step)
 
 
 def test_a_trace_mover_on_a_tpu_clears_the_tpus_process_spread_not_the_cpu_machines():
@@ -318,10 +318,10 @@ def test_a_trace_mover_on_a_tpu_clears_the_tpus_process_spread_not_the_cpu_machi
     assert stats.step_noise_bound() == pytest.approx(2.0, abs=0.05)
     assert stats.step_noise_bound("tpu") == pytest.approx(1.028, abs=0.001)
     step = 10.0
-    assert not stats.beyond_step_noise([5.0, 5.0, 5.0], [5.6, 5.6, 5.6], step)
-    assert stats.beyond_step_noise([5.0, 5.0, 5.0], [5.6, 5.6, 5.6], step, "tpu")
-    assert stats.beyond_step_noise([5.0, 5.0, 5.0], [5.4, 5.4, 5.4], step, "tpu")  # 4%
-    assert not stats.beyond_step_noise([5.0, 5.0, 5.0], [5.4, 5.4, 5.4], step)  # < 5%
+    assert not trace_noise.beyond_step_noise([5.0, 5.0, 5.0], [5.6, 5.6, 5.6], step)
+    assert trace_noise.beyond_step_noise([5.0, 5.0, 5.0], [5.6, 5.6, 5.6], step, "tpu")
+    assert trace_noise.beyond_step_noise([5.0, 5.0, 5.0], [5.4, 5.4, 5.4], step, "tpu")  # 4%
+    assert not trace_noise.beyond_step_noise([5.0, 5.0, 5.0], [5.4, 5.4, 5.4], step)  # < 5%
     # 1.08x, beyond the TPU's process bound, but 0.08 ms of a 10 ms step: under its 1%
-    assert not stats.beyond_step_noise([1.0, 1.0, 1.0], [1.08, 1.08, 1.08], step, "tpu")
-    assert stats.beyond_step_noise([1.0, 1.0, 1.0], [1.12, 1.12, 1.12], step, "tpu")
+    assert not trace_noise.beyond_step_noise([1.0, 1.0, 1.0], [1.08, 1.08, 1.08], step, "tpu")
+    assert trace_noise.beyond_step_noise([1.0, 1.0, 1.0], [1.12, 1.12, 1.12], step, "tpu")
