@@ -11,10 +11,13 @@ Two kinds of need:
   arms.models.maxtext_compat (each names the upstream line it works around), computing the
   same numbers as on the 3.12 stack. So whether the MaxText arms can run is decided by
   importing them, through the same `require_maxtext` their build calls, not by version pins.
-  The import is checked once per process, in a child interpreter with JAX on the CPU
-  (`import_failures`): importing MaxText takes seconds and changes JAX's and flax's global
-  state, which a command that only asks (`parity arms`, a grid's check) must not, and a
-  process on a TPU host must not open the chip for it.
+  The import is checked in a child interpreter with JAX on the CPU (`import_failures`):
+  importing MaxText takes seconds and changes JAX's and flax's global state, which a
+  command that only asks (`parity arms`, a grid's check) must not, and a process on a TPU
+  host must not open the chip for it. Its answer is kept per environment
+  (`${XDG_CACHE_HOME:-~/.cache}/parity/imports/`), keyed by the interpreter, every installed
+  distribution's version and the arms package's own files, so that it is asked again only
+  where one of those changed.
 
 `parity arms` lists every arm and, for one that cannot run, why (the package missing, or the
 import's own error); `parity run` refuses one named explicitly with that line and sets aside
@@ -25,13 +28,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import platform
 import subprocess
 import sys
 from collections.abc import Mapping
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import PackageNotFoundError, distributions, version
 from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
@@ -113,20 +117,54 @@ def unmet(needs: tuple[Need, ...], found: Mapping[str, str | None]) -> list[str]
     return missing
 
 
+def environment_key() -> str:
+    """What an import check's answer depends on, hashed: the interpreter, every installed
+    distribution's name and version, and the files of this package (the shims, the imports
+    `require_maxtext` makes)."""
+    digest = hashlib.sha256()
+    digest.update(f"{sys.executable}\0{platform.python_version()}\0".encode())
+    for name in sorted(f"{d.metadata['Name']}=={d.version}" for d in distributions()):
+        digest.update(name.encode() + b"\0")
+    package = Path(__file__).resolve().parent
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:24]
+
+
+def imports_dir() -> Path:
+    """Where import checks' answers are kept: `${XDG_CACHE_HOME:-~/.cache}/parity/imports`."""
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "parity" / "imports"
+
+
 @functools.cache
 def import_failures() -> dict[str, str | None]:
     """Import check -> why it failed here (None: it imported), from a child interpreter of
-    this environment with JAX on the CPU (module docstring); once per process."""
+    this environment with JAX on the CPU, or its answer kept for this environment (module
+    docstring); once per process."""
+    kept = imports_dir() / f"{environment_key()}.json"
+    try:
+        return json.loads(kept.read_text())
+    except (OSError, ValueError):
+        pass
     repo = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
     try:
         proc = subprocess.run([sys.executable, "-m", "arms.requirements"], cwd=repo, env=env,
                               capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        found = json.loads(proc.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as err:
         why = f"the import check did not finish ({type(err).__name__}: {err})"
-        return {MAXTEXT_MODEL: why, MAXTEXT_ENGINE: why}
+        return {MAXTEXT_MODEL: why, MAXTEXT_ENGINE: why}  # not kept: it may finish next time
+    try:  # written whole or not at all: a reader never sees half an answer
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        partial = kept.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(found))
+        partial.replace(kept)
+    except OSError:
+        pass  # a cache that cannot be written costs the next command the check, no more
+    return found
 
 
 def _check_imports() -> dict[str, str | None]:

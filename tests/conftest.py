@@ -1,6 +1,5 @@
 """Test session setup: 8 emulated CPU devices, set before jax is imported anywhere."""
 
-import importlib.util
 import os
 
 # Tests assert behaviour and HLO-level costs, never speed: LLVM's optimizations are skipped
@@ -35,16 +34,15 @@ os.environ["PARITY_REFERENCE_DIR"] = tempfile.mkdtemp(prefix="parity-test-refere
 # XLA's persistent cache serves the repeats. The harness's cells never see this one: each
 # arm of a run gets a cache of its own, shared only by that arm's cells
 # (harness.store.layout.RunStore).
-# `make test` runs two pytest-xdist workers on one cache. JAX locks the cache (a file lock
-# around each read and write) only when it may evict entries, so a size limit is set: without
-# the lock, a worker could read an entry the other is still writing. The lock needs the
-# `filelock` package; where it is missing (the Python 3.11 stack), JAX would turn the cache
-# off rather than take a bound it cannot lock, so each worker keeps a cache of its own.
-_cache = pathlib.Path(__file__).parent.parent / ".pytest_cache" / "jax"
-if importlib.util.find_spec("filelock") is None:
-    _cache = _cache / os.environ.get("PYTEST_XDIST_WORKER", "main")
-else:
-    jax.config.update("jax_compilation_cache_max_size", 16 * 2**30)
+# Each pytest-xdist worker keeps a cache of its own, unbounded: JAX evicts (and locks) only
+# where a cache has a size limit, and then every write first reads the size and access time
+# of every entry in the directory. A test that runs a model eagerly writes one entry per
+# operation, so a limit made that test's writes quadratic in the cache's size (a 10 s test
+# took 100 s beside a 3,700-entry cache). Without a limit there is no lock either, so two
+# processes must not share one directory: a worker could read an entry the other is still
+# writing.
+_cache = (pathlib.Path(__file__).parent.parent / ".pytest_cache" / "jax"
+          / os.environ.get("PYTEST_XDIST_WORKER", "main"))
 jax.config.update("jax_compilation_cache_dir", str(_cache))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

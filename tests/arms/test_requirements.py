@@ -79,3 +79,29 @@ def test_this_environment_is_read_from_metadata_and_a_child_import():
     # engine import in a child interpreter, shims applied where this Python needs them
     assert import_failures() == {MAXTEXT_MODEL: None, MAXTEXT_ENGINE: None}
     assert unavailable("maxtext-engine") is None
+
+
+def test_an_environments_import_check_is_kept_and_asked_again_only_when_it_changes(
+        tmp_path, monkeypatch):
+    """The child's answer is written once per environment key and read back after (no child
+    started); another interpreter or other installed versions make another key."""
+    import subprocess
+    import sys
+
+    from arms import requirements
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    requirements.import_failures.cache_clear()
+    first = requirements.import_failures()
+    (kept,) = (tmp_path / "parity" / "imports").glob("*.json")
+    assert kept.stem == requirements.environment_key()
+
+    def no_child(*args, **kwargs):
+        raise AssertionError("the import check ran again in an unchanged environment")
+
+    monkeypatch.setattr(subprocess, "run", no_child)
+    requirements.import_failures.cache_clear()
+    assert requirements.import_failures() == first
+    monkeypatch.setattr(sys, "executable", sys.executable + "-another")
+    assert requirements.environment_key() != kept.stem
+    requirements.import_failures.cache_clear()
