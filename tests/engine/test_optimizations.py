@@ -264,6 +264,8 @@ def test_item08_update_moves_each_param_sized_buffer_once_per_output(engine_fact
     assert cost["bytes accessed"] <= 12 * param_bytes + 4096  # + the scalars
 
 
+@pytest.mark.slow  # a TPU7x compile through libtpu (~45 s); test_item08_update_* check the update
+# on CPU
 def test_item08_on_tpu7x_the_update_is_one_pass_per_buffer_the_ideal():
     """XLA:TPU fuses the AdamW (+ capture) update into multi-output loops, so on the nightly
     target it moves each param-sized buffer once: p, g, mu, nu read, p, mu, nu, capture
@@ -523,6 +525,7 @@ def test_item16_no_copies_where_nothing_accumulates_or_nothing_is_read_cast(engi
         assert len(engine.kernels["fwd_bwd"].lowered.out_info) == 3
 
 
+@pytest.mark.slow  # a TPU7x compile through libtpu (~30 s); the CPU item16 tests check the copies
 def test_item16_on_tpu7x_the_copies_cost_their_write_once_and_save_every_micro_batch():
     """XLA:TPU's plan of the split kernels (bfloat16 `tiny`, GA 2; compile-only, in a
     process of its own): with the copies, the first fwd_bwd moves exactly their bytes more

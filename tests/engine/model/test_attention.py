@@ -194,6 +194,8 @@ def test_blocks_that_cannot_tile_the_sequence_are_refused_naming_the_fix(overrid
     check_sequence(config.replace(attention="auto"), 640)  # auto falls back to xla there
 
 
+@pytest.mark.slow  # Mosaic compiles the kernel for v5e at 4096 positions (~40 s);
+# test_auto_picks_the_kernel_only_on_a_tpu_from_the_threshold checks the rule
 def test_on_a_tpu_auto_runs_splash_from_4096_and_the_kernel_compiles_for_the_v5e():
     """Compiled for one TPU v5e chip by libtpu (compile-only devices; in a process of its own,
     `tests/engine/model/tpu_attention.py`): traced under a mesh of that TPU, tiny's gradient

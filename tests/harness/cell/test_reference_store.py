@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from harness.cell.reference_store import Entry, ReferenceStore, reference_key, source_digest
 from harness.grid.expand import expand
@@ -72,6 +73,7 @@ def test_the_least_recently_used_entries_go_past_the_bound(tmp_path):
     assert store.read("c").loss == 7.5
 
 
+@pytest.mark.slow  # two runs of checked cell processes (~14 s)
 def test_a_later_run_reads_the_reference_an_earlier_run_computed(tmp_path, monkeypatch):
     monkeypatch.setenv("PARITY_REFERENCE_DIR", str(tmp_path / "kept"))
     cells = expand({**TINY, "arms": ["native"]})

@@ -73,6 +73,8 @@ def test_the_report_and_the_console_say_why_parity_was_not_checked(tmp_path):
     assert json.loads(path.read_text())["parity_not_checked"] == record.parity_not_checked
 
 
+@pytest.mark.slow  # a cell process per arm (~35 s); test_a_cold_cell_compiles_each_program_once
+# runs the fit check in make test
 def test_a_cell_that_does_not_fit_is_refused_before_it_is_built(tmp_path):
     """A limit below the plan refuses every arm's cell with its planned and available bytes;
     nothing is built (no build phase, no timing). A limit above it runs the cell with the
@@ -123,6 +125,7 @@ def test_peftrainer_s_fit_check_plans_the_program_its_build_compiles(tmp_path):
     assert sum(c["hbm_bytes"] for c in counted) == record.plan.hbm_bytes_per_step > 0
 
 
+@pytest.mark.slow  # checked and unchecked cell processes of two arms (~30 s)
 def test_a_checked_cell_times_the_trainer_s_own_program(tmp_path):
     """The parity check adds nothing to the program a cell times (the gradient is read back
     from the optimizer's state after the first step): a checked cell's plan is an

@@ -7,6 +7,8 @@ import pytest
 from harness.cli import main
 
 
+@pytest.mark.slow  # the whole selftest (three models, eight variants) and a cell in a subprocess
+# (~50 s); make parity runs it too
 @pytest.mark.maxtext
 def test_selftest_prints_counts_loss_and_three_model_parity_before_the_first_cell(tmp_path):
     """`parity run --selftest` (what `make parity` runs): the selftest's lines, then the

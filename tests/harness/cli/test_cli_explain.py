@@ -98,6 +98,7 @@ def test_a_plan_against_itself_changes_nothing(planned):
     assert all(r["change"] == 0 for r in found["peak"]["rows"])
 
 
+@pytest.mark.slow  # another TPU plan with donation off (~15 s)
 def test_params_not_donated_are_new_outputs_of_exactly_the_params_bytes(planned, tmp_path):
     """PeftTrainer's way (the step's new params in buffers of their own): the outputs
     beyond the donated ones grow by exactly the bytes no longer aliased to an argument (the
@@ -129,6 +130,7 @@ def _largest_param_bytes() -> int:
     return max(math.prod(p.shape) * p.dtype.itemsize for p in jax.tree.leaves(params))
 
 
+@pytest.mark.slow  # another TPU plan with a planted all-gather (~15 s)
 def test_an_extra_all_gather_of_a_param_is_the_first_mover(planned, tmp_path):
     real, _ = planned
     gathered = _planned(tmp_path, "gather")
@@ -168,6 +170,7 @@ def test_a_record_without_its_step_by_category_is_refused_naming_the_fix(planned
     assert "carries no step by category" in proc.stderr
 
 
+@pytest.mark.slow  # another TPU plan of the engine (~20 s)
 def test_a_split_step_peak_counts_the_state_it_holds_outside(planned, tmp_path):
     """`engine` against `native` at one shape: the engine's peak executable (fwd_bwd) runs
     while the optimizer moments stay in HBM outside it; that held state is a row of its

@@ -1,5 +1,7 @@
 """harness.jobs.run: which cells start as forks of their arm's zygote."""
 
+import pytest
+
 from harness.jobs.run import prefork_on
 
 
@@ -9,6 +11,7 @@ def test_cells_fork_from_the_zygote_on_the_cpu_backend_only():
         assert not prefork_on({"backend": accelerator, "device_count": 1})
 
 
+@pytest.mark.slow  # two rounds of cell processes and a report (~18 s)
 def test_cells_not_run_here_are_recorded_once_each_and_the_report_says_why(tmp_path):
     """Cells of an arm this environment cannot run (set aside by harness.jobs.grid) are
     recorded once, without a process, as not run here, stamped like any record; the rest of

@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import pytest
 from jax.profiler import ProfileData
 
 from harness.contract import STEP_ANNOTATION
@@ -65,6 +66,7 @@ def test_busy_time_lasts_until_each_asynchronous_op_completes(tmp_path):
         assert step.busy_ns <= step.wall_ns
 
 
+@pytest.mark.slow  # a traced cell process (~13 s)
 def test_parity_trace_of_a_cells_capture_reads_what_its_record_holds(tmp_path):
     """`parity run --trace` records per-step executions and busy time; `parity trace` of the
     same capture gives the same, and the same for its one device (the host's XLA:CPU)."""

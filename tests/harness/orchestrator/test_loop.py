@@ -23,6 +23,7 @@ PLUGIN = "tests.harness.fault_arms"
 TINY = {"preset": "tiny", "seq": 16, "batch": 4, "steps": 2, "warmup": 1}
 
 
+@pytest.mark.slow  # a grid of fault arms in cell processes (~30 s)
 def test_failing_cells_are_recorded_and_the_grid_completes(tmp_path):
     import tests.harness.fault_arms  # noqa: F401 - registers the test arms for expand()
 
@@ -67,6 +68,7 @@ def test_only_plans_run_side_by_side(tmp_path):
     assert not list(tmp_path.glob("*.jsonl"))
 
 
+@pytest.mark.slow  # rounds of checked cell processes (~20 s)
 def test_rounds_load_their_programs_and_shapes_share_one_reference(tmp_path):
     """Round 1 of a cell loads every program round 0 compiled (the persistent cache the
     run's cells share) and gets the same executables: equal compiled cost and planned
@@ -103,6 +105,7 @@ def test_rounds_load_their_programs_and_shapes_share_one_reference(tmp_path):
     assert fused.rel_l2 <= 1e-5 and native.rel_l2 <= 1e-5
 
 
+@pytest.mark.slow  # two shapes of cell processes (~20 s)
 def test_an_arms_second_shape_loads_only_what_does_not_depend_on_the_shape(tmp_path):
     """The cells of a run share one cache: at GA 2 the engine loads the model's initializer
     and its update (neither depends on GA) and compiles its fwd/bwd cold. What it loaded is
@@ -152,6 +155,7 @@ def test_work_alongside_runs_while_the_zygotes_import_and_its_failure_ends_the_r
     assert _zygotes_of_this_process() == []
 
 
+@pytest.mark.slow  # forked and fresh cell processes (~20 s)
 def test_a_forked_worker_measures_what_a_fresh_interpreter_does(tmp_path):
     """The zygote only saves the imports: a cell forked from it compiles the same programs,
     plans the same memory and computes the same gradient as one in a fresh interpreter."""
@@ -171,6 +175,7 @@ def test_a_forked_worker_measures_what_a_fresh_interpreter_does(tmp_path):
     assert forked.environment == fresh.environment
 
 
+@pytest.mark.slow  # two rounds of forked cell processes (~13 s)
 def test_a_zygote_that_dies_fails_its_cell_and_the_next_cell_gets_a_new_one(tmp_path):
     import tests.harness.fault_arms  # noqa: F401 - registers the test arms for expand()
 
@@ -197,6 +202,7 @@ def test_without_maxtext_only_the_maxtext_arms_fail_and_say_why(tmp_path):
         assert "the maxtext arms need the `maxtext` package" in by_arm[arm].error.message
 
 
+@pytest.mark.slow  # a run of cell processes stopped by SIGINT (~11 s)
 def test_sigint_keeps_finished_cells_and_valid_jsonl(tmp_path):
     command = [sys.executable, "-m", "harness.cli", "run", "--arms", "native",
                "--preset", "tiny", "--seq", "16,32,64", "--rounds", "3", "--batch", "4",

@@ -57,6 +57,7 @@ def small_disk(tmp_path, monkeypatch):
         subprocess.run(["umount", str(mount)], check=True)
 
 
+@pytest.mark.slow  # cell processes on a full disk (~11 s)
 def test_a_full_disk_loses_one_named_cell_and_leaves_every_line_whole(small_disk):
     cells = expand({**TINY, "arms": ["native"], "seq": [16, 32, 64]})
     with pytest.raises(results.WriteError) as failure:

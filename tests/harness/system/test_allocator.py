@@ -9,6 +9,8 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import pytest
+
 from harness.orchestrator.environment import cell_environment
 from harness.system.allocator import HOST_MALLOC, describe
 from tests.harness.cli_helpers import cli_env
@@ -94,6 +96,8 @@ temp = executable_memory(arm.executables()["fwd_bwd_accumulate"]).temp
 print(json.dumps([temp, faults[3:]]))
 """
 
+
+@pytest.mark.slow  # cell processes under two allocators (~25 s)
 def test_cpu_cells_keep_freed_temp_memory_so_a_step_faults_no_pages_in():
     """Counts, in units of one temp buffer, the pages a steady-state step faults in. Under
     glibc's defaults each of the step's 4 executions faults its temp in again: 3.997 temps a

@@ -84,15 +84,23 @@ def _wait_for(predicate, timeout_s: float, what: str):
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
+FAST_STOPS = {("run", signal.SIGTERM), ("run", signal.SIGKILL), ("ab", signal.SIGKILL),
+              ("plan", signal.SIGTERM)}
+"""The stops `make test` tries (a polite and a hard stop of a run, a hard stop of an A/B's
+two refs, a stop of a plan's libtpu processes); the other pairs run with the slow tests
+(~5 s each)."""
+
+
 @pytest.mark.parametrize(("command", "sig"), [
-    (command, sig) for command in ("run", "ab") for sig in (
+    pytest.param(command, sig, marks=() if (command, sig) in FAST_STOPS else pytest.mark.slow)
+    for command, sig in [(command, sig) for command in ("run", "ab") for sig in (
         signal.SIGTERM, signal.SIGKILL, signal.SIGINT)] + [("nightly", signal.SIGINT),
                                                           ("nightly", signal.SIGHUP),
                                                           ("bisect", signal.SIGTERM),
                                                           ("bisect", signal.SIGKILL),
                                                           ("launch", signal.SIGKILL),
                                                           ("plan", signal.SIGINT),
-                                                          ("plan", signal.SIGTERM)],
+                                                          ("plan", signal.SIGTERM)]],
     ids=lambda v: v.name if isinstance(v, signal.Signals) else v)
 def test_a_killed_parent_leaves_no_worker_temp_dir_or_worktree(tmp_path, command, sig):
     tmp = tmp_path / "tmp"
