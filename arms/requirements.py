@@ -176,8 +176,10 @@ def _check_imports() -> dict[str, str | None]:
         try:
             require_maxtext(engine=engine)
             failures[check] = None
-        except ImportError as err:
+        except ImportError as err:  # require_maxtext's own line, naming the fix
             failures[check] = str(err).splitlines()[0]
+        except Exception as err:  # an import that raised something else: not available either
+            failures[check] = f"{type(err).__name__}: {(str(err) or '?').splitlines()[0]}"
     return failures
 
 
