@@ -241,6 +241,11 @@ class Nightly(Command):
         parser.add_argument("--publish", type=Path, metavar="SITE",
                             help="then republish the history's static site to SITE (as "
                                  "`parity publish HISTORY -o SITE`)")
+        parser.add_argument("--run-id",
+                            help="name of the night's results file (default: a timestamp); "
+                                 "the id of a night cut short (a time limit, a signal) "
+                                 "resumes it: only the cells it has not recorded run, then "
+                                 "the whole night is judged")
         add_dirty_argument(parser)
 
     @classmethod
@@ -257,7 +262,8 @@ class Nightly(Command):
             else None
         code, text = nightly.nightly(wanted, options, threshold=threshold,
                                      report_dir=report_dir, target=target,
-                                     publish_to=args.publish, watch=Progress())
+                                     publish_to=args.publish, run_id=args.run_id,
+                                     watch=Progress())
         print(text)
         return code
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from arms.base import check_model
 from arms.registry import resolve
-from arms.spec import CellSpec
+from arms.spec import DECODER_OPTIONS, CellSpec
 from engine.model import check_fits, parse_mesh_spec
 from harness.contract import CellRun
 
@@ -38,14 +38,16 @@ def _as_list(value) -> list:
     return list(value) if isinstance(value, list | tuple) else [value]
 
 
-def expand(options: dict[str, Any], *, mesh_sizes: dict[str, int] | None = None) -> list[CellRun]:
+def expand(options: dict[str, Any], *, mesh_sizes: dict[str, int] | None = None,
+           allow_empty: bool = False) -> list[CellRun]:
     """Every (arm x preset x seq x batch x ga) cell, validated before anything runs.
 
     `options` holds CellSpec fields (grid keys may be lists), run options, `arms`, `ragged`
-    (a list of counts, or a mapping GA -> counts) and, instead of `batch`, `micro_batch`:
+    (a list of counts, or a mapping GA -> counts), instead of `batch`, `micro_batch`:
     rows per micro-batch (a number, a list, or a table by seq, whose entries may be tables
-    by GA), each cell's batch then micro_batch x its GA. Raises one ValueError naming the
-    fix on the first bad cell.
+    by GA), each cell's batch then micro_batch x its GA, and `decoder`: our decoder's
+    options by shape (`decoder_options`). Raises one ValueError naming the fix on the first
+    bad cell, or where no cell is left (unless `allow_empty`).
     """
     arms = _as_list(options.get("arms") or [])
     if not arms:
@@ -68,10 +70,16 @@ def expand(options: dict[str, Any], *, mesh_sizes: dict[str, int] | None = None)
     for key, values in zip(GRID_KEYS, grid, strict=True):
         _check_no_repeats(key, values)
     _check_ragged_applies(options.get("ragged"), grid[GRID_KEYS.index("ga")])
-    shapes = [(preset, seq, rows * int(ga) if micro else batch, ga)
-              for preset, seq, batch, ga in itertools.product(*grid)
-              for rows in (_rows(micro, seq, ga) if micro else [None])]
-    for preset, seq, batch, ga in shapes:
+    shapes = []  # (preset, seq, batch, ga, the arms with a cell of that shape)
+    for preset, seq, batch, ga in itertools.product(*grid):
+        if not micro:
+            shapes.append((preset, seq, batch, ga, arms))
+            continue
+        by_arm = _rows(micro, seq, ga, arms)
+        for rows in dict.fromkeys(r for arm in arms for r in by_arm[arm]):
+            shapes.append((preset, seq, rows * int(ga), ga,
+                           [arm for arm in arms if rows in by_arm[arm]]))
+    for preset, seq, batch, ga, shape_arms in shapes:
         ragged = options.get("ragged")
         if isinstance(ragged, dict):
             ragged = ragged.get(str(ga), ragged.get(ga))
@@ -85,10 +93,16 @@ def expand(options: dict[str, Any], *, mesh_sizes: dict[str, int] | None = None)
             _check_device_count(spec.mesh, mesh, mesh_sizes)
         if spec.ragged:
             spec.micro_batches(logprobs=False)  # validates counts against the micro-batch capacity
-        for arm in arms:
-            check_model(resolve(arm)[1], spec)  # e.g. what MaxText's Qwen3 cannot express
-            cells.append(CellRun(arm=arm, spec=spec.to_dict(), **run_options))
-    if not cells:
+        ours = decoder_options(options.get("decoder"), seq, ga, given=fixed)
+        on_decoder = dataclasses.replace(spec, **ours) if ours else spec
+        if ours:
+            check_fits(on_decoder.model_config(), mesh, spec.micro_batch)
+        for arm in shape_arms:
+            model = resolve(arm)[1]
+            arm_spec = on_decoder if model == "decoder" else spec
+            check_model(model, arm_spec)  # e.g. what MaxText's Qwen3 cannot express
+            cells.append(CellRun(arm=arm, spec=arm_spec.to_dict(), **run_options))
+    if not cells and not allow_empty:
         empty = ", ".join(dict.fromkeys(f"seq {seq} GA {ga}"
                                         for _, seq, _, ga in itertools.product(*grid)))
         raise ValueError(f"no cell to run: micro_batch gives no rows at {empty} (no arm fits "
@@ -97,12 +111,34 @@ def expand(options: dict[str, Any], *, mesh_sizes: dict[str, int] | None = None)
     return cells
 
 
-def _rows(micro, seq, ga) -> list[int]:
-    """The micro-batch sizes of cells of length `seq` at `ga`: `micro` itself (one, or a
-    list), or, where it is a table by sequence length ({"1024": 2, "4096": 1}: the most rows
-    that fit a device differ with the length), its entry for `seq`, which may in turn be a
-    table by GA ({"1": 2, "4": 1}: a step that scans its micro-batches holds more). An empty
-    list is no cell at that shape (nothing fits it)."""
+def decoder_options(table, seq, ga, *, given=()) -> dict[str, Any]:
+    """Our decoder's options at (`seq`, `ga`) from a suite's `decoder` table: by seq, then
+    optionally by GA, of our decoder's options ({"4096": {"4": {"logits_chunk": 512}}}:
+    how the decoder computes where a shape needs it, e.g. a chunked loss where whole logits
+    do not fit). They apply to the arms on our decoder only: MaxText's and Tunix's models
+    compute their own attention and logits, so their cells keep the defaults, and say so.
+    A shape the table does not name keeps the defaults; an option in `given` (a value given
+    for every cell, on the command line or at the suite's top level) is not overridden."""
+    if not table:
+        return {}
+    found = table
+    for key in (seq, ga):  # a table keyed by numbers is by seq (then GA); one of options holds
+        if isinstance(found, dict) and found and all(str(k).isdigit() for k in found):
+            found = found.get(str(key), found.get(key, {}))
+    if not isinstance(found, dict) or not set(found) <= set(DECODER_OPTIONS):
+        raise ValueError(f"decoder table at seq {seq} GA {ga} gives {found!r}; give a table "
+                         f"of our decoder's options ({', '.join(DECODER_OPTIONS)}) by seq, "
+                         "then optionally by GA")
+    return {k: v for k, v in found.items() if k not in given}
+
+
+def _rows(micro, seq, ga, arms: list[str]) -> dict[str, list[int]]:
+    """Each arm's micro-batch sizes in cells of length `seq` at `ga`: `micro` itself (one,
+    or a list), or, where it is a table by sequence length ({"1024": 2, "4096": 1}: the most
+    rows that fit a device differ with the length), its entry for `seq`, which may in turn
+    be a table by GA ({"1": 2, "4": 1}: a step that scans its micro-batches holds more),
+    whose entry may be a table by arm ({"engine": 1, "peft-tunix": []}: what fits differs by
+    arm). An empty list is no cell at that shape (nothing fits it)."""
     for key, name in ((seq, "seq"), (ga, "ga")):
         if isinstance(micro, dict):
             found = micro.get(str(key), micro.get(key))
@@ -111,11 +147,19 @@ def _rows(micro, seq, ga) -> list[int]:
                                  f"{', '.join(map(str, micro))} but not for {name} {key}; "
                                  f"give one for every {name} of the grid")
             micro = found
-    rows = [int(r) for r in _as_list(micro)]
-    _check_no_repeats("micro-batch", rows)
-    if any(r < 1 for r in rows):
-        raise ValueError(f"--micro-batch {','.join(map(str, rows))}: give at least 1 row")
-    return rows
+    if isinstance(micro, dict):
+        lacking = [arm for arm in arms if arm not in micro]
+        if lacking:
+            raise ValueError(f"micro_batch gives rows at seq {seq} GA {ga} for arms "
+                             f"{', '.join(micro)} but not for {', '.join(lacking)}; give "
+                             "rows for every arm of the grid (an empty list: no cell)")
+    found = {arm: [int(r) for r in _as_list(micro[arm] if isinstance(micro, dict) else micro)]
+             for arm in arms}
+    for rows in found.values():
+        _check_no_repeats("micro-batch", rows)
+        if any(r < 1 for r in rows):
+            raise ValueError(f"--micro-batch {','.join(map(str, rows))}: give at least 1 row")
+    return found
 
 
 def _check_ragged_applies(ragged, gas: list) -> None:

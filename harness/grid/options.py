@@ -12,7 +12,8 @@ from harness.grid.expand import RUN_KEYS, SPEC_KEYS
 from reports import sequential, stats
 
 SUITE_ONLY_KEYS = ("description", "arms", "timeout_s", "ragged", "regression_threshold",
-                   "cpu_devices", "rounds", "target", "target_slices", "micro_batch")
+                   "cpu_devices", "rounds", "target", "target_slices", "micro_batch",
+                   "decoder")
 """Keys a suite may set beside the spec's and the run's."""
 
 MULTI_PROCESS_MESH = "fsdp=-1"

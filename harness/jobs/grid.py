@@ -193,7 +193,8 @@ class Grid:
                       for c in expand(self.options, mesh_sizes=available)]
         skipped = self.options.get("unavailable") or {}
         self.unrun = [(c, skipped[c.arm]) for c in expand(
-            {**self.options, "arms": list(skipped)}, mesh_sizes=available)] if skipped else []
+            {**self.options, "arms": list(skipped)}, mesh_sizes=available,
+            allow_empty=True)] if skipped else []
         """The cells of the arms this environment cannot run, and why (not run: recorded
         as `unavailable`)."""
         if target is not None and target.get("save_hlo"):

@@ -51,10 +51,14 @@ def prepare(request: Request, *, threshold: float | None, report: Path | None,
 
 def nightly(request: Request, options: dict, *, threshold: float | None, report_dir: Path,
             target: dict | None = None, publish_to: Path | None = None,
-            watch: Watch = quiet) -> tuple[int, str]:
+            run_id: str | None = None, watch: Watch = quiet) -> tuple[int, str]:
     """`parity nightly`: (exit code, the nightly's markdown) of the grid run into the
-    history, then with a `target` every cell planned for it, judged against the history."""
-    _, records = run_job.run(request, options, watch=watch)
+    history, then with a `target` every cell planned for it, judged against the history.
+    A night given the `run_id` of one cut short (a host's time limit, a signal) runs only
+    the cells that night has not recorded, then judges every record of the night."""
+    path, records = run_job.run(request, options, run_id=run_id, watch=watch)
+    if run_id is not None:  # the night's records from before the cut too
+        records = [r for r in codec.read(path) if r.run_id == run_id]
     if target is not None:
         plans = {**options, "rounds": 1, "trace": False}
         records = [*records, *plan_job.plan(request, plans, target, watch=watch)[1]]

@@ -38,8 +38,8 @@ def test_rows_per_micro_batch_make_each_cells_batch_by_its_ga_and_seq():
 
 
 def test_a_grid_whose_every_shape_has_no_rows_is_refused_naming_the_shape_and_the_fix():
-    """A table entry of no rows is a shape nothing fits (the tpu-v5e suite at seq 4096 GA 4):
-    asking for that shape alone names it and `--batch`, rather than running nothing."""
+    """A table entry of no rows is a shape nothing fits: asking for that shape alone names
+    it and `--batch`, rather than running nothing."""
     base = {"arms": ["native"], "preset": "tiny"}
     table = {"16": {"1": 2, "4": 1}, "32": {"1": 1, "4": []}}
     with pytest.raises(ValueError, match=r"no rows at seq 32 GA 4 .*pass --batch"):
@@ -79,3 +79,50 @@ def test_our_decoders_options_reach_every_cell_from_the_command_line_and_suites(
             "logits_chunk": 64}
     with pytest.raises(ValueError, match="--attention splash is our decoder's Pallas kernel"):
         expand({**options, "arms": ["engine", "peft-tunix"], "remat": "full"})
+
+
+def test_a_suites_decoder_table_sets_our_decoders_options_by_shape_for_its_arms_only():
+    """`decoder`: our decoder's options by seq, then GA. The arms on our decoder take them at
+    the shapes named (the rest keep the defaults); MaxText's and Tunix's models compute their
+    own attention and logits, so their cells keep the defaults; a value given for every cell
+    (the command line's) wins over the table."""
+    base = {"arms": ["engine", "peft-tunix"], "preset": "tiny", "seq": [32, 64], "ga": [1, 2],
+            "batch": 4, "decoder": {"64": {"2": {"logits_chunk": 16}},
+                                    "32": {"logits_chunk": 8}}}  # 32: at every GA
+
+    def options(cells):
+        return {(c.arm, c.spec["seq"], c.spec["ga"]): c.spec.get("logits_chunk", 0)
+                for c in cells}
+
+    assert options(expand(base)) == {
+        ("engine", 32, 1): 8, ("engine", 32, 2): 8, ("engine", 64, 1): 0,
+        ("engine", 64, 2): 16, ("peft-tunix", 32, 1): 0, ("peft-tunix", 32, 2): 0,
+        ("peft-tunix", 64, 1): 0, ("peft-tunix", 64, 2): 0}
+    assert {c.spec.get("logits_chunk", 0) for c in expand({**base, "logits_chunk": 0,
+                                                           "arms": ["engine"]})} == {0}
+    with pytest.raises(ValueError, match="logits"):  # given for every cell: Tunix's refused
+        expand({**base, "logits_chunk": 16})
+    with pytest.raises(ValueError, match=r"decoder table at seq 32 GA 1 gives .*'remat'"):
+        expand({**base, "decoder": {"32": {"remat": "none"}}})
+    with pytest.raises(ValueError, match="divide"):  # the table's options are checked too
+        expand({**base, "decoder": {"64": {"2": {"logits_chunk": 24}}}})
+
+
+def test_rows_per_micro_batch_may_differ_by_arm_and_an_arm_with_none_has_no_cell():
+    """A table by arm at a shape: what fits one device differs by arm (the tpu-v5e suite at
+    seq 4096 GA 4 fits only the arms on our decoder, with its chunked loss); an arm given no
+    rows there has no cell, and an arm the table does not name is refused, not dropped."""
+    base = {"arms": ["engine", "native", "peft-tunix"], "preset": "tiny", "seq": 32,
+            "ga": [1, 2]}
+    cells = expand({**base, "micro_batch": {"32": {"1": 2, "2": {
+        "engine": [1, 2], "native": 2, "peft-tunix": []}}}})
+    assert sorted((c.arm, c.spec["batch"], c.spec["ga"]) for c in cells) == [
+        ("engine", 2, 1), ("engine", 2, 2), ("engine", 4, 2), ("native", 2, 1),
+        ("native", 4, 2), ("peft-tunix", 2, 1)]
+    with pytest.raises(ValueError, match="for arms engine, native but not for peft-tunix"):
+        expand({**base, "micro_batch": {"32": {"1": 2, "2": {"engine": 1, "native": 1}}}})
+    only = {**base, "arms": ["peft-tunix"], "ga": 2,
+            "micro_batch": {"32": {"2": {"peft-tunix": []}}}}
+    with pytest.raises(ValueError, match="no cell to run"):
+        expand(only)
+    assert expand(only, allow_empty=True) == []

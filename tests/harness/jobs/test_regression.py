@@ -247,3 +247,31 @@ def test_the_tpu_suites_follow_the_tpus_minimum_effect(tmp_path):
     assert sorted((h.id.backend, h.threshold) for h in build(records)) == [
         ("cpu", 0.05), ("tpu", 0.01)]
     assert {h.threshold for h in build(records, threshold=0.03)} == {0.03}
+
+
+@pytest.mark.slow  # five cell processes
+def test_a_night_cut_short_resumes_under_its_run_id_and_is_judged_whole(tmp_path):
+    """A host's time limit can cut a night between cells: the cells that ended are in the
+    history, the one running is not. The same --run-id runs only what the night lacks, then
+    judges every record of the night (2 runs against the baseline's 2), not just the last
+    call's."""
+    def night(run_id):
+        return subprocess.run(
+            [sys.executable, "-m", "harness.cli", "nightly", *CELL, "--rounds", "2",
+             "--history", str(tmp_path), "--run-id", run_id],
+            env=cli_env(), capture_output=True, text=True, timeout=300)
+
+    baseline = night("night-0")
+    assert baseline.returncode == 0, baseline.stdout + baseline.stderr
+    first = night("night-1")  # 0, or 1 were noise judged a regression: not what is tested
+    assert first.returncode in (0, 1), first.stdout + first.stderr
+    (path,) = tmp_path.glob("night-1*.jsonl")
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2 and "| 2 / 2 |" in first.stdout, first.stdout
+    path.write_text(lines[0] + "\n")  # the night cut before its second round ended
+    again = night("night-1")
+    assert again.returncode in (0, 1), again.stdout + again.stderr
+    now = path.read_text().splitlines()
+    assert now[0] == lines[0] and len(now) == 2  # round 0 kept, not run again
+    assert sorted(json.loads(line)["round"] for line in now) == [0, 1]
+    assert "| 2 / 2 |" in again.stdout, again.stdout  # judged whole: both rounds
