@@ -50,12 +50,13 @@ class Cell:
         return statistics.median(pooled) if pooled else None
 
 
-def cells(records: Sequence[Record], *, versions: bool = True) -> list[Cell]:
-    """Records grouped by cell key (`versions=False`: its package versions left out), in
-    order of first appearance."""
+def cells(records: Sequence[Record], *, versions: bool = True,
+          options: bool = True) -> list[Cell]:
+    """Records grouped by cell key (`versions=False`: its package versions left out;
+    `options=False`: our decoder's options left out), in order of first appearance."""
     groups: dict[tuple, list[Record]] = {}
     for record in records:
-        groups.setdefault(record.cell_key(versions=versions), []).append(record)
+        groups.setdefault(record.cell_key(versions=versions, options=options), []).append(record)
     return [Cell(key, sorted(group, key=lambda r: (r.run_id or "", r.round)))
             for key, group in groups.items()]
 
@@ -153,6 +154,7 @@ def _counted(lines) -> list[str]:
 
 def compare_sets(old: Sequence[Record], new: Sequence[Record], *, paired: bool = False,
                  min_effect: float | None = None, across_stacks: bool = False,
+                 across_options: bool = False,
                  confidence: float = stats.CONFIDENCE) -> list[CellComparison]:
     """Every cell of either set: compared where both have it, else listed as only in one;
     timings judged at `min_effect` (None: each cell's backend's), their CIs at
@@ -161,11 +163,13 @@ def compare_sets(old: Sequence[Record], new: Sequence[Record], *, paired: bool =
     Cells match on `Record.cell_key()`, so records of other versions, backends, devices or
     XLA flags are never compared (they show as only in one set), except that
     `across_stacks` leaves the package versions out: an A/B whose sides are two software
-    stacks compares exactly those.
+    stacks compares exactly those; and `across_options` our decoder's options (attention,
+    its blocks, the logits chunk): an A/B of those options.
     """
-    old_cells = {c.key: c for c in cells(old, versions=not across_stacks)}
+    keys = {"versions": not across_stacks, "options": not across_options}
+    old_cells = {c.key: c for c in cells(old, **keys)}
     rows = []
-    for cell in cells(new, versions=not across_stacks):
+    for cell in cells(new, **keys):
         match = old_cells.pop(cell.key, None)
         if match is None:
             rows.append(CellComparison(name=cell.name, old=None, new=cell, timing=None,

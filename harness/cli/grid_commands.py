@@ -332,6 +332,12 @@ class AB(Command):
         parser.add_argument("--no-fail", action="store_true",
                             help="exit 0 even when B is slower or costs more")
         for side in "ab":
+            parser.add_argument(f"--set-{side}", metavar="OPTION=VALUE", action="append",
+                                help=f"side {side.upper()}'s cells with this option of our "
+                                     "decoder (attention, attention_block_q, "
+                                     "attention_block_kv, logits_chunk; repeatable): an A/B "
+                                     "of a decoder option, e.g. `parity ab HEAD HEAD "
+                                     "--set-a attention=xla` against the grid's")
             parser.add_argument(f"--python-{side}", metavar="PYTHON",
                                 help=f"side {side.upper()}'s cells run in this Python "
                                      "interpreter (its own site-packages), e.g. another "
@@ -352,6 +358,8 @@ class AB(Command):
                        slices=args.slices or ab.SLICES, allow_dirty=args.allow_dirty,
                        min_effect=args.threshold, early=not args.fixed_rounds,
                        stacks={side: stack for side, stack in stacks.items() if stack},
+                       sets={"A": _decoder_sets(args.set_a, "a"),
+                             "B": _decoder_sets(args.set_b, "b")},
                        watch=Progress(kept_in=args.out, also_kept="worktrees removed"))
         text = ab.markdown(args.ref_a, args.ref_b, result, options["rounds"])
         out = OutDir(args.out)
@@ -359,6 +367,25 @@ class AB(Command):
         out.ab_markdown.write_text(text)
         print(text)
         return 1 if result.slower and not args.no_fail else 0
+
+
+def _decoder_sets(given: list[str] | None, side: str) -> dict:
+    """--set-a/-b OPTION=VALUE ... as {option: value}, each value of its CellSpec field's
+    type (ValueError naming the flag for a malformed one)."""
+    from arms.spec import CellSpec
+
+    found = {}
+    for item in given or []:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key or key not in CellSpec.__dataclass_fields__:
+            raise ValueError(f"--set-{side} {item!r}: give OPTION=VALUE, e.g. attention=xla")
+        default = CellSpec.__dataclass_fields__[key].default
+        try:
+            found[key] = int(value) if isinstance(default, int) else value
+        except ValueError:
+            raise ValueError(f"--set-{side} {item!r}: {key} takes a whole number") from None
+    return found
 
 
 def _ab_request(args) -> tuple:

@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from harness.contract import CAPTURE_PROTOCOL, LOCKSTEP, PROCESSES
+from harness.contract import CAPTURE_PROTOCOL, LOCKSTEP, PROCESSES, CellRun
 from harness.grid import options as grid_options
 from harness.jobs.explain import what_changed
 from harness.jobs.grid import Grid, OnRecord, Request, Watch, quiet, traced
@@ -77,6 +77,9 @@ class ABResult:
     stops: list[Stop] = dataclasses.field(default_factory=list)
     """How each cell ended, in the grid's order: the rounds it ran and why no more (its
     sequential rule's last look, harness.jobs.stopping)."""
+    sets: dict[str, dict] = dataclasses.field(default_factory=dict)
+    """Our decoder's options given to one side's cells ("A" or "B" -> {option: value}): an
+    A/B of those options (the same commit may be both sides)."""
 
     @property
     def slower(self) -> bool:
@@ -165,7 +168,8 @@ class Session:
                     worker_module=ref.protocol.worker_module, python=ref.stack.python)
 
     def ab(self, ab_id: str, shas: dict[str, str], *, stacks: dict[str, Stack] | None = None,
-           min_effect: float | None = None, watch: Watch = quiet) -> ABResult:
+           sets: dict[str, dict] | None = None, min_effect: float | None = None,
+           watch: Watch = quiet) -> ABResult:
         """B against A: each cell of the grid from both commits (in their stacks), up to
         `rounds` times (schedule's order), A and B of a round side by side in lockstep or
         back to back; the rounds (and, in lockstep, the slices inside them) compared as
@@ -173,8 +177,10 @@ class Session:
         sequential rule looks at it, and a cell it settles runs no more rounds (`Stopper`;
         all of them where the session is not `early`). Records go to OUT/<ab id>-A.jsonl
         and -B.jsonl. A ref whose worker times other work (`check_times_trainer`) or cannot
-        time in lockstep is refused once checked out."""
+        time in lockstep is refused once checked out. `sets`: our decoder's options for a
+        side's cells (`side_cells`), compared across them."""
         stacks = {side: stack for side, stack in (stacks or {}).items() if stack}
+        sets = {side: given for side, given in (sets or {}).items() if given}
         refs = {side: self.trees.ref(side, sha, stacks.get(side, Stack()))
                 for side, sha in shas.items()}
         lockstep = self.pairing == LOCKSTEP
@@ -182,12 +188,14 @@ class Session:
         if lockstep:
             check_lockstep(refs)
         sinks = {side: self._sink(ref, ab_id) for side, ref in refs.items()}
-        tasks = side_tasks(self.grid, sinks, lockstep=lockstep)
+        tasks = side_tasks(self.grid, sinks, lockstep=lockstep,
+                           cells=side_cells(self.grid.cells, sets))
         executor = (LockstepPairs(timeout_s=self.grid.timeout_s, slices=self.slices)
                     if lockstep else
                     # One cell per process and side; an older ref has no zygote.
                     CellProcesses(timeout_s=self.grid.timeout_s, prefork=False))
-        stopper = Stopper(judge(min_effect, bool(stacks)), budget=self.grid.rounds,
+        stopper = Stopper(judge(min_effect, bool(stacks), bool(sets)),
+                          budget=self.grid.rounds,
                           min_rounds=grid_options.first_look(self.pairing, self.slices),
                           early=self.early)
         with watch(self.grid, 2 * len(self.grid.cells) * self.grid.rounds) as (on_start,
@@ -198,21 +206,24 @@ class Session:
         for record in found:
             records[record.ab.side].append(record)
         rows = compare_sets(records["A"], records["B"], paired=True, min_effect=min_effect,
-                            across_stacks=bool(stacks))
+                            across_stacks=bool(stacks), across_options=bool(sets))
         return ABResult(records=records, rows=stopper.decided(rows), shas=dict(shas),
                         lockstep_slices=self.slices if lockstep else 0, stacks=stacks,
-                        stops=stopper.stops())
+                        stops=stopper.stops(), sets=sets)
 
 
-def judge(min_effect: float | None, across_stacks: bool) -> Judge:
+def judge(min_effect: float | None, across_stacks: bool,
+          across_options: bool = False) -> Judge:
     """How a look compares one cell's records: `compare_sets` as the A/B's rows are (paired,
-    at `min_effect`, across the stacks' versions where the sides are stacks), its CIs at the
-    look's confidence; no rows where the records have no cell in common (yet)."""
+    at `min_effect`, across the stacks' versions where the sides are stacks, across our
+    decoder's options where a side was given some), its CIs at the look's confidence; no
+    rows where the records have no cell in common (yet)."""
 
     def compare(a: list[Record], b: list[Record], confidence: float) -> list[CellComparison]:
         try:
             return compare_sets(a, b, paired=True, min_effect=min_effect,
-                                across_stacks=across_stacks, confidence=confidence)
+                                across_stacks=across_stacks, across_options=across_options,
+                                confidence=confidence)
         except ValueError:
             return []
 
@@ -253,21 +264,25 @@ def check_stacks(stacks: dict[str, Stack]) -> None:
 def ab(ref_a: str, ref_b: str, request: Request, options: dict, *,
        pairing: str | None = None, slices: int = SLICES, allow_dirty: bool = False,
        min_effect: float | None = None, stacks: dict[str, Stack] | None = None,
-       early: bool = True, watch: Watch = quiet) -> ABResult:
+       sets: dict[str, dict] | None = None, early: bool = True,
+       watch: Watch = quiet) -> ABResult:
     """Runs each cell of `options` from both refs (`Session.ab`), each side in its stack
-    where `stacks` names one, a cell stopping once its verdict is settled unless not
-    `early` (--fixed-rounds). Bad input fails before any process but git's, the stacks'
-    interpreters and the device probe: a repository that is not a checkout, an unknown ref,
-    a ref naming a HEAD with uncommitted changes (unless `allow_dirty`), an interpreter that
-    does not run or a site directory that is not there, the pairing, rounds and slicing."""
+    where `stacks` names one and with our decoder's options where `sets` gives that side
+    some, a cell stopping once its verdict is settled unless not `early` (--fixed-rounds).
+    Bad input fails before any process but git's, the stacks' interpreters and the device
+    probe: a repository that is not a checkout, an unknown ref, a ref naming a HEAD with
+    uncommitted changes (unless `allow_dirty`), an interpreter that does not run or a site
+    directory that is not there, the pairing, rounds and slicing, and options a side's cells
+    cannot take."""
     precheck(options, pairing, slices)
     check_stacks(stacks or {})
     check_repo()
     shas = {"A": resolve(ref_a), "B": resolve(ref_b)}
     check_clean([ref_a, ref_b], allow_dirty=allow_dirty)
     with session(request, options, pairing=pairing, slices=slices, early=early) as runs:
-        return runs.ab(new_run_id("ab-"), shas, stacks=stacks, min_effect=min_effect,
-                       watch=watch)
+        side_cells(runs.grid.cells, sets or {})  # refused before any worktree or cell
+        return runs.ab(new_run_id("ab-"), shas, stacks=stacks, sets=sets,
+                       min_effect=min_effect, watch=watch)
 
 
 def check_times_trainer(refs: dict[str, Ref]) -> None:
@@ -293,16 +308,56 @@ def check_lockstep(refs: dict[str, Ref]) -> None:
                              f"{PROCESSES}")
 
 
-def side_tasks(grid: Grid, sinks: dict[str, Sink], *, lockstep: bool) -> list[Task]:
+def side_cells(cells: list[CellRun], sets: dict[str, dict]) -> dict[str, list[CellRun]]:
+    """Each side's cells: the grid's, and where `sets` gives a side some of our
+    decoder's options (attention, its blocks, the logits chunk), that side's cells with
+    them (checked: ValueError naming the option or arm that cannot take them)."""
+    from arms.registry import resolve as resolve_arm
+    from arms.spec import DECODER_OPTIONS, CellSpec
+
+    found = {}
+    for side in ("A", "B"):
+        given = sets.get(side) or {}
+        unknown = set(given) - set(DECODER_OPTIONS)
+        if unknown:
+            raise ValueError(f"--set-{side.lower()} {', '.join(sorted(unknown))}: only our "
+                             f"decoder's options can differ between the sides "
+                             f"({', '.join(DECODER_OPTIONS)})")
+        not_ours = sorted({c.arm for c in cells if resolve_arm(c.arm)[1] != "decoder"})
+        if given and not_ours:
+            raise ValueError(f"--set-{side.lower()}: {', '.join(not_ours)} compute their "
+                             "own attention and logits (not on our decoder); A/B these "
+                             "options with the arms on our decoder")
+        found[side] = [dataclasses.replace(c, spec=CellSpec.from_dict({**c.spec, **given})
+                                           .to_dict()) if given else c for c in cells]
+    return found
+
+
+def side_tasks(grid: Grid, sinks: dict[str, Sink], *, lockstep: bool,
+               cells: dict[str, list[CellRun]] | None = None) -> list[Task]:
     """Per scheduled cell, A's and B's slots (A first in even rounds, B first in odd ones):
-    one task of both in lockstep, else a task each."""
+    one task of both in lockstep, else a task each; each side's cell from `cells` where
+    given (`side_cells`), else the grid's."""
+    cells = cells or {side: grid.cells for side in ("A", "B")}
     tasks = []
-    for round_index, index, cell in schedule(grid.cells, grid.rounds):
+    for round_index, index, _ in schedule(grid.cells, grid.rounds):
         order = ("A", "B") if round_index % 2 == 0 else ("B", "A")
-        slots = tuple(Slot(traced(cell, sinks[side].run_id, round_index), round_index, index,
-                           sinks[side]) for side in order)
+        slots = tuple(Slot(traced(_round(cells[side][index], round_index),
+                                  sinks[side].run_id, round_index),
+                           round_index, index, sinks[side]) for side in order)
         tasks += [slots] if lockstep else [(slot,) for slot in slots]
     return tasks
+
+
+def _round(cell: CellRun, round_index: int) -> CellRun:
+    """`cell` as `schedule` runs it in round `round_index` (only round 0 traces and checks)."""
+    return cell if not round_index else dataclasses.replace(cell, trace=False, parity=False)
+
+
+def options_lines(result: ABResult) -> list[str]:
+    """What a side given our decoder's options ran, where one was."""
+    return [*(f"- {side}'s cells with " + ", ".join(f"{k}={v}" for k, v in given.items())
+              for side, given in sorted(result.sets.items())), ""] if result.sets else []
 
 
 def stack_lines(result: ABResult) -> list[str]:
@@ -343,7 +398,8 @@ def markdown(ref_a: str, ref_b: str, result: ABResult, rounds: int) -> str:
     head = [f"## A/B: {ref_a} (A, {result.shas['A'][:10]}) vs {ref_b} "
             f"(B, {result.shas['B'][:10]})", "",
             f"{'Up to ' if early else ''}{rounds} interleaved rounds, each cell in its own "
-            f"process, {how}", "", *rounds_lines(result), *stack_lines(result)]
+            f"process, {how}", "", *rounds_lines(result), *stack_lines(result),
+            *options_lines(result)]
     table = compare_markdown(result.rows, old_label="A", new_label="B")
     changed = what_changed(result.rows)
     return "\n".join(head) + "\n" + table + (f"\n{changed}" if changed else "")

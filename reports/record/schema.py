@@ -56,6 +56,19 @@ class Spec:
     logits_chunk: int = 0
     """Positions per chunk of our decoder's head and loss (0: whole logits; absent at 0)."""
 
+    def without_decoder_options(self) -> tuple:
+        """The work without how our decoder computes it (`DECODER_OPTIONS`): equal for two
+        cells that differ only in attention or logits chunking (an A/B of those options)."""
+        def hashable(value):
+            return tuple(value) if isinstance(value, list) else value
+
+        return tuple((f.name, hashable(getattr(self, f.name)))
+                     for f in dataclasses.fields(self) if f.name not in DECODER_OPTIONS)
+
+
+DECODER_OPTIONS = ("attention", "attention_block_q", "attention_block_kv", "logits_chunk")
+"""The Spec fields naming how our decoder computes, not what (arms.spec.DECODER_OPTIONS)."""
+
 
 @_section
 class RunOptions:
@@ -402,16 +415,19 @@ class Record:
         hold a plan too: its step planned for the device it ran on (the fit check)."""
         return bool(self.run and self.run.plan_target)
 
-    def cell_key(self, versions: bool = True) -> tuple:
+    def cell_key(self, versions: bool = True, options: bool = True) -> tuple:
         """Records with equal keys measured the same work the same way in comparable
-        environments (`versions=False`: whatever their package versions, for a stack A/B)."""
+        environments (`versions=False`: whatever their package versions, for a stack A/B;
+        `options=False`: whatever our decoder's options, for an A/B of those)."""
         plan, run = self.is_plan, self.run
         env = self.environment.comparable_key(plan, versions) if self.environment else None
         if run:  # a plan: its target, not how it would be run
             run = (*(("plan", run.plan_target, run.plan_slices, run.plan_libtpu) if plan else
                      (run.steps, run.warmup, *((tuple(run.pairing),) if run.pairing else ()))),
                    *(("capture",) if run.capture else ()))
-        return (self.arm, self.config_hash, run, env)
+        work = self.config_hash if options or self.spec is None else (
+            self.spec.without_decoder_options())
+        return (self.arm, work, run, env)
 
     def to_json(self) -> dict[str, Any]:
         """The record as plain JSON data (the layout of schema `SCHEMA`)."""

@@ -221,3 +221,62 @@ def test_a_stack_that_cannot_run_is_refused_before_any_cell(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert proc.stderr.startswith(f"parity: error: --python-b {tmp_path}/none: cannot run it")
     assert not (tmp_path / "out").exists()
+
+
+def test_records_that_differ_only_in_our_decoders_options_compare_only_across_options():
+    """An A/B of a decoder option compares cells whose specs differ in that option alone;
+    every other comparison keeps them apart, and across options other work still does."""
+    import dataclasses
+
+    from reports.compare import compare_sets
+    from tests.reports.helpers import fixture_records
+
+    old = [r for r in fixture_records(("native",)) if r.ok]
+
+    def given(record, **options):
+        return dataclasses.replace(record, spec=dataclasses.replace(record.spec, **options),
+                                   config_hash=f"{record.config_hash}-{sorted(options)}")
+
+    new = [given(r, attention="splash") for r in old]
+    with pytest.raises(ValueError, match="no cell in common"):
+        compare_sets(old, new)
+    rows = compare_sets(old, new, across_options=True)
+    assert len(rows) == len({r.cell_key() for r in old}) and all(row.timing for row in rows)
+    other = [given(r, attention="splash", remat="full") for r in old]
+    with pytest.raises(ValueError, match="no cell in common"):
+        compare_sets(old, other, across_options=True)
+
+
+def test_a_sides_decoder_options_apply_to_its_cells_only_and_bad_ones_are_refused():
+    from harness.grid.expand import expand
+    from harness.jobs.ab import side_cells
+
+    cells = expand({"arms": ["engine", "native"], "preset": "tiny", "seq": 32, "batch": 4})
+    found = side_cells(cells, {"A": {"logits_chunk": 8}})
+    assert [c.spec.get("logits_chunk", 0) for c in found["A"]] == [8, 8]
+    assert found["B"] == cells
+    with pytest.raises(ValueError, match="--set-a remat: only our decoder's options"):
+        side_cells(cells, {"A": {"remat": "full"}})
+    with pytest.raises(ValueError, match="does not divide seq 32"):
+        side_cells(cells, {"B": {"logits_chunk": 24}})
+    tunix = expand({"arms": ["peft-tunix"], "preset": "tiny", "seq": 32, "batch": 4})
+    with pytest.raises(ValueError, match="--set-b: peft-tunix compute their own attention"):
+        side_cells(tunix, {"B": {"attention": "xla"}})
+
+
+@pytest.mark.slow  # one A/B of 2 lockstep rounds
+def test_an_ab_of_a_decoder_option_runs_each_side_with_its_own_and_compares_them(tmp_path):
+    """`parity ab HEAD HEAD --set-a logits_chunk=8`: A's cells compute the loss 8 positions
+    at a time, B's whole; the two sides' cells are compared as one (the row has both
+    sides' rounds) and the chunk's extra head product shows as B's lower compiled FLOPs."""
+    import json
+
+    proc = _stack_ab(tmp_path, "--set-a", "logits_chunk=8", "--no-fail")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = {path.stem[-1]: [json.loads(line) for line in path.read_text().splitlines()]
+               for path in (tmp_path / "out").glob("ab-*.jsonl")}
+    assert {side: {r["spec"].get("logits_chunk", 0) for r in found}
+            for side, found in records.items()} == {"A": {8}, "B": {0}}
+    text = (tmp_path / "out" / "ab.md").read_text()
+    assert "- A's cells with logits_chunk=8" in text
+    assert "| 2 / 2 |" in text and "only in" not in text, text
