@@ -15,6 +15,7 @@ from reports import medians, noise, stats
 from reports.compare import cells
 from reports.parity import judge
 from reports.record import Environment, Record, sliced_runs
+from reports.record.names import decoder_options
 from reports.work import flops_per_model_flop
 
 
@@ -83,6 +84,7 @@ def _cell_columns(r: Record) -> dict:
     spec, env, run = r.spec, r.environment, r.run
     return {
         "run_id": r.run_id, "suite": r.suite, "arm": r.arm, "about": r.about,
+        "decoder_options": decoder_options(spec),
         "preset": spec.preset, "seq": spec.seq, "batch": spec.batch, "ga": spec.ga,
         "dtype": spec.dtype, "mesh": spec.mesh or "1", "loss_kind": spec.loss,
         "loss_label": loss_label(spec, env.versions if env else {}),

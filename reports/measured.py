@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from reports.tables import MISSING, by_shape, markdown, number, ok, shape_label
+from reports.tables import MISSING, arm_label, by_shape, markdown, number, ok, shape_label
 
 SITE_NOTE = ("The latest run's cells on their accelerator against the plan their fit check "
              "made of the same program there: peak in use + peak reserved (an upper bound of "
@@ -73,7 +73,7 @@ def rows(df: pd.DataFrame) -> list[tuple[str, ...]]:
         bound_s, median = number(r.get("plan_bound_s")), number(r["median_ms"])
         mfu = number(r.get("mfu"))
         found.append((
-            shape_label(r), r["arm"], r.get("plan_for") or MISSING,
+            shape_label(r), arm_label(r), r.get("plan_for") or MISSING,
             _gib(number(r["peak_bytes"])), _gib(number(r.get("peak_reserved"))), _gib(measured),
             _gib(planned), _ratio(planned, measured, r.get("peak_at")),
             MISSING if median is None else f"{median:.1f}",

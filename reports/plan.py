@@ -18,7 +18,15 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from reports.plots import WIDTH, colours, grouped_bars, legend, save
-from reports.tables import MISSING, by_shape, markdown, ok, same_shape, shape_label
+from reports.tables import (
+    MISSING,
+    arm_label,
+    by_shape,
+    markdown,
+    ok,
+    same_shape,
+    shape_label,
+)
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 SHORT = {"all-gather": "AG", "reduce-scatter": "RS", "all-reduce": "AR", "all-to-all": "A2A",
@@ -67,7 +75,7 @@ def table(df: pd.DataFrame, baseline_arm: str) -> str:
     frame = by_shape(df)
     for _, r in frame.iterrows():
         if r["status"] != "ok":
-            rows.append((shape_label(r), r["arm"], f"**{r['error_reason']}**: "
+            rows.append((shape_label(r), arm_label(r), f"**{r['error_reason']}**: "
                          f"{str(r['error_message'])[:160]}", *[MISSING] * 7))
             continue
         base = same_shape(ok(frame), r, baseline_arm)
@@ -80,7 +88,7 @@ def table(df: pd.DataFrame, baseline_arm: str) -> str:
         fits = ("" if r["plan_fits"] is None or pd.isna(r["plan_fits"])
                 else " fits" if r["plan_fits"] else " **DOES NOT FIT**")
         rows.append((
-            shape_label(r), r["arm"],
+            shape_label(r), arm_label(r),
             f"{_gib(r['plan_peak'], 4)}{vs('plan_peak')} of {_gib(capacity, 2)}{fits}",
             f"{_gib(r['plan_xla_peak'], 4)}", r["plan_peak_executable"], _resident(r),
             f"{_gib(r['plan_hbm_per_step'])}{vs('plan_hbm_per_step')}",
@@ -132,11 +140,11 @@ def roofline_table(df: pd.DataFrame, measured: pd.DataFrame | None = None) -> st
     for _, r in by_shape(ok(df)).iterrows():
         bound = r["plan_bound_s"]
         if bound is None or pd.isna(bound):
-            rows.append((shape_label(r), r["arm"], *[MISSING] * 9))
+            rows.append((shape_label(r), arm_label(r), *[MISSING] * 9))
             continue
         ms = measured_on(r, measured)
         rows.append((
-            shape_label(r), r["arm"], _ms(r["plan_compute_s"]), _ms(r["plan_memory_s"]),
+            shape_label(r), arm_label(r), _ms(r["plan_compute_s"]), _ms(r["plan_memory_s"]),
             _ms(r["plan_collective_s"]), f"**{_ms(bound)}**", r["plan_bound_by"],
             _ms(r["plan_model_s"]), f"{r['plan_mfu_ceiling']:.1%}",
             MISSING if ms is None else f"{ms:.2f}",

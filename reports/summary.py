@@ -24,6 +24,7 @@ from reports import baseline, stats
 from reports.parity import PASS, TOLERANCE_RULE
 from reports.tables import (
     MISSING,
+    arm_label,
     arm_view,
     by_shape,
     failed,
@@ -144,7 +145,7 @@ def exact(frame: pd.DataFrame, baseline_arm: str, plans: pd.DataFrame | None = N
                                (_plan_of(plans, r),
                                 None if base is None else _plan_of(plans, base)))
             cells += [_exact_cell(plan, base_plan, c, f) for c, _, f in planned]
-        rows.append((shape_label(r), r["arm"], *cells))
+        rows.append((shape_label(r), arm_label(r), *cells))
     return markdown(["shape", "arm", *[h for _, h, _ in columns]], rows,
                     why={"compiled/model FLOPs": "no model FLOP formula or compiled cost"})
 
@@ -160,7 +161,7 @@ def _parity(row) -> str:
 
 
 def gradient_parity(frame: pd.DataFrame) -> str:
-    rows = [(shape_label(r), r["arm"], _parity(r)) for _, r in frame.iterrows()]
+    rows = [(shape_label(r), arm_label(r), _parity(r)) for _, r in frame.iterrows()]
     verdicts = [verdict_of(r) for _, r in frame.iterrows()]
     passed = sum(v is not None and v.status == PASS for v in verdicts)
     failed = sum(v is not None and v.status != PASS for v in verdicts)
@@ -221,7 +222,7 @@ def _shape_rows(frame: pd.DataFrame, label: str, group: pd.DataFrame, baseline_a
         if r["arm"] == baseline_arm:
             ratio = "1.00x (baseline)"
         caveat = not_comparable(frame, r, baseline_arm)
-        arm = f"**{r['arm']}** (fastest)" if r["arm"] == leader else r["arm"]
+        arm = f"**{arm_label(r)}** (fastest)" if r["arm"] == leader else arm_label(r)
         rows.append((label, arm, f"{r['median_ms']:.1f}", ratio,
                      "; ".join(v for v in (verdict, caveat) if v)))
         leader_row = group[group["arm"] == leader]

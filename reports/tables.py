@@ -75,6 +75,13 @@ def shape_label(row) -> str:
             f"{row['dtype']}{loss}")
 
 
+def arm_label(row) -> str:
+    """The arm as a table's row names it: with our decoder's options where not the defaults
+    ('engine (attention=splash/512x1024)'), so a reader sees how each arm computed."""
+    options = row.get("decoder_options")
+    return f"{row['arm']} ({options})" if options else row["arm"]
+
+
 def ok(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["status"] == "ok"]
 
@@ -256,7 +263,7 @@ def timing(df: pd.DataFrame, baseline_arm: str) -> str:
         vs_base, base_verdict = speedup_text(frame, r, baseline_arm)
         caveat = not_comparable(frame, r, baseline_arm)
         vs_native = speedup_text(frame, r, NATIVE)[0] if baseline_arm != NATIVE else MISSING
-        rows.append((shape_label(r), r["arm"], r["rounds"], _median_ci(r), _f(r["mean_ms"]),
+        rows.append((shape_label(r), arm_label(r), r["rounds"], _median_ci(r), _f(r["mean_ms"]),
                      _f(r["max_ms"]), _f(r["tokens_per_s"], ".0f"), vs_base,
                      "; ".join(v for v in (base_verdict, caveat) if v), vs_native,
                      parity_cell(r)))
@@ -277,7 +284,7 @@ def cost(df: pd.DataFrame) -> str:
     for _, r in frame.iterrows():
         model, compiled = r["model_flops_per_step"], r["compiled_flops_per_step"]
         ratio = _f(work_ratio(r), ".2f")
-        rows.append((shape_label(r), r["arm"], _gflop(model), _gflop(compiled), ratio,
+        rows.append((shape_label(r), arm_label(r), _gflop(model), _gflop(compiled), ratio,
                      _bytes(r["bytes_accessed_per_step"]),
                      _f(None if r["model_flops_per_s"] is None
                         else r["model_flops_per_s"] / 1e12, ".4f"),
@@ -307,7 +314,7 @@ def memory(df: pd.DataFrame, baseline_arm: str) -> str:
         known = not base.empty and _known(r["planned_bytes"])
         ratio = (f"{r['planned_bytes'] / base.iloc[0]['planned_bytes']:.2f}x"
                  if known and _known(base.iloc[0]["planned_bytes"]) else MISSING)
-        rows.append((shape_label(r), r["arm"], _bytes(r["peak_bytes"]),
+        rows.append((shape_label(r), arm_label(r), _bytes(r["peak_bytes"]),
                      _bytes(r["planned_bytes"]), ratio, _bytes(r["rss_delta_bytes"])))
     why = next((w for w in frame.get("peak_unavailable", pd.Series(dtype=object)).dropna()),
                "the backend has no memory_stats")
@@ -330,7 +337,7 @@ def executables(df: pd.DataFrame) -> str:
     for _, r in by_shape(ok(df)).iterrows():
         for name, planned in r["executables"].items():
             values = [_bytes(getattr(planned, f)) if planned else MISSING for f in fields]
-            rows.append((shape_label(r), r["arm"], name,
+            rows.append((shape_label(r), arm_label(r), name,
                          _f(r["calls_per_step"].get(name), "d"), *values))
     return markdown(["shape", "arm", "executable", "calls/step", *fields], rows, group=2)
 
@@ -349,7 +356,7 @@ def parity(df: pd.DataFrame) -> str:
                 if found is not None and not isinstance(found, float) and len(found)
                 else MISSING)
         verdict = verdict_of(r)
-        rows.append((shape_label(r), r["arm"], dens, _f(r["denominator"], "g"),
+        rows.append((shape_label(r), arm_label(r), dens, _f(r["denominator"], "g"),
                      _f(r["trainer_denominator"], "g"),
                      _f(r["loss"], ".6f"), _f(r["exact_loss"], ".6f"), _f(r["grad_l2"], ".5f"),
                      _f(r["rel_l2"], ".2e"),
@@ -373,7 +380,7 @@ def traced(df: pd.DataFrame) -> str:
         traced_ms, untraced_ms = number(r["trace_step_ms"]), number(r["median_ms"])
         tax = (f"{traced_ms / untraced_ms:.3f}x" if traced_ms is not None and untraced_ms
                else MISSING)
-        rows.append((shape_label(r), r["arm"], _f(r["trace_executions"], ".0f"),
+        rows.append((shape_label(r), arm_label(r), _f(r["trace_executions"], ".0f"),
                      _f(untraced_ms), _f(traced_ms), tax, _f(r["trace_busy_ms"]),
                      _f(r["trace_host_ms"]), _f(r["dispatch_ms"], ".2f"), gc,
                      _f(r["recompiles"], ".0f"), open_with))
@@ -389,7 +396,7 @@ def traced(df: pd.DataFrame) -> str:
 
 def noise(df: pd.DataFrame, baseline_arm: str) -> str:
     frame = by_shape(ok(df))
-    rows = [(shape_label(r), r["arm"], r["rounds"], _f(r["cv"], ".3f"), len(r["step_ms"]),
+    rows = [(shape_label(r), arm_label(r), r["rounds"], _f(r["cv"], ".3f"), len(r["step_ms"]),
              "; ".join(r["warnings"]) or MISSING) for _, r in frame.iterrows()]
     within, judged = [], []
     for _, r in frame.iterrows():
@@ -446,6 +453,6 @@ def failures(df: pd.DataFrame) -> str:
     bad = by_shape(failed(df))
     if bad.empty:
         return "No failed cells."
-    rows = [(shape_label(r), r["arm"], r["error_reason"], failure_message(r))
+    rows = [(shape_label(r), arm_label(r), r["error_reason"], failure_message(r))
             for _, r in bad.iterrows()]
     return markdown(["shape", "arm", "reason", "message"], rows)

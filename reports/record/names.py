@@ -13,7 +13,7 @@ import typing
 if typing.TYPE_CHECKING:
     from reports.record.schema import Spec
 
-__all__ = ["cell_name", "path_safe"]
+__all__ = ["cell_name", "decoder_options", "path_safe"]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -24,12 +24,19 @@ def cell_name(arm: str | None, spec: Spec | None) -> str:
     default, so cells that differ only by them read apart)."""
     if spec is None:
         return f"{arm} (no spec)"
-    attention = "" if spec.attention == "xla" else f" attention={spec.attention}" + (
+    options = decoder_options(spec)
+    return (f"{arm} {spec.preset} seq={spec.seq} batch={spec.batch} ga={spec.ga}"
+            f"{' mesh=' + spec.mesh if spec.mesh else ''}{' ' + options if options else ''}")
+
+
+def decoder_options(spec: Spec) -> str:
+    """'attention=splash/512x1024 logits_chunk=256': our decoder's options where not the
+    default ('' where every one is)."""
+    attention = "" if spec.attention == "xla" else f"attention={spec.attention}" + (
         f"/{spec.attention_block_q}x{spec.attention_block_kv}"
         if spec.attention_block_q and spec.attention_block_kv else "")
-    return (f"{arm} {spec.preset} seq={spec.seq} batch={spec.batch} ga={spec.ga}"
-            f"{' mesh=' + spec.mesh if spec.mesh else ''}{attention}"
-            f"{f' logits_chunk={spec.logits_chunk}' if spec.logits_chunk else ''}")
+    chunk = f"logits_chunk={spec.logits_chunk}" if spec.logits_chunk else ""
+    return " ".join(part for part in (attention, chunk) if part)
 
 
 def path_safe(name: str) -> str:

@@ -43,3 +43,21 @@ def test_without_a_run_on_the_device_kind_nothing_is_set_beside_it():
     assert len(_row(text)) == 9
     assert "Not shown, no value in any row: measured ms/step (no record of these cells run " \
            "on the target's device kind" in text
+
+
+def test_each_row_names_our_decoders_options_where_an_arm_ran_other_than_the_defaults():
+    """The tpu-v5e plans at seq 4096 GA 4 (docs/results/tpu-v5e): each arm once with splash
+    attention and the chunked loss, once with the chunk alone. One shape, so the rows read
+    apart only by the options their arm label carries."""
+    from pathlib import Path
+
+    from reports.plan import table
+    from reports.record import codec
+
+    path = (Path(__file__).resolve().parents[2] / "docs" / "results" / "tpu-v5e"
+            / "plan-s4096-ga4-options.jsonl")
+    text = table(to_frame(codec.read(path)), "peft-decoder")
+    labels = [line.split("|")[2].strip() for line in text.splitlines()
+              if line.startswith("|") and "| engine (" in line]
+    assert labels == ["engine (attention=splash/512x1024 logits_chunk=512)",
+                      "engine (logits_chunk=512)"]
