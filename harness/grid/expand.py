@@ -70,21 +70,8 @@ def expand(options: dict[str, Any], *, mesh_sizes: dict[str, int] | None = None,
     for key, values in zip(GRID_KEYS, grid, strict=True):
         _check_no_repeats(key, values)
     _check_ragged_applies(options.get("ragged"), grid[GRID_KEYS.index("ga")])
-    shapes = []  # (preset, seq, batch, ga, the arms with a cell of that shape)
-    for preset, seq, batch, ga in itertools.product(*grid):
-        if not micro:
-            shapes.append((preset, seq, batch, ga, arms))
-            continue
-        by_arm = _rows(micro, seq, ga, arms)
-        for rows in dict.fromkeys(r for arm in arms for r in by_arm[arm]):
-            shapes.append((preset, seq, rows * int(ga), ga,
-                           [arm for arm in arms if rows in by_arm[arm]]))
-    for preset, seq, batch, ga, shape_arms in shapes:
-        ragged = options.get("ragged")
-        if isinstance(ragged, dict):
-            ragged = ragged.get(str(ga), ragged.get(ga))
-        elif ragged is not None and len(ragged) != ga:
-            ragged = None  # counts given for another GA of the grid do not apply to this cell
+    for preset, seq, batch, ga, shape_arms in _shapes(grid, micro, arms):
+        ragged = _ragged_at(options.get("ragged"), ga)
         spec = CellSpec(preset=preset, seq=int(seq), batch=int(batch), ga=int(ga),
                         ragged=tuple(ragged) if ragged else None, **fixed)
         mesh = parse_mesh_spec(spec.mesh, mesh_sizes and mesh_sizes["device_count"])
@@ -109,6 +96,29 @@ def expand(options: dict[str, Any], *, mesh_sizes: dict[str, int] | None = None,
                          "there; the suite's notes say what was planned); pass --batch B "
                          "(B rows a step, a multiple of GA) to run that shape anyway")
     return cells
+
+
+def _ragged_at(ragged, ga):
+    """The loss-token counts of `ragged` (a list, or a mapping GA -> counts) for cells at
+    `ga`: counts given for another GA of the grid do not apply."""
+    if isinstance(ragged, dict):
+        return ragged.get(str(ga), ragged.get(ga))
+    return ragged if ragged is not None and len(ragged) == ga else None
+
+
+def _shapes(grid: list[list], micro, arms: list[str]) -> list[tuple]:
+    """(preset, seq, batch, ga, the arms with a cell of that shape) of the grid's values
+    (`GRID_KEYS` order), each batch `micro`'s rows x GA where rows per micro-batch are given."""
+    shapes = []
+    for preset, seq, batch, ga in itertools.product(*grid):
+        if not micro:
+            shapes.append((preset, seq, batch, ga, arms))
+            continue
+        by_arm = _rows(micro, seq, ga, arms)
+        for rows in dict.fromkeys(r for arm in arms for r in by_arm[arm]):
+            shapes.append((preset, seq, rows * int(ga), ga,
+                           [arm for arm in arms if rows in by_arm[arm]]))
+    return shapes
 
 
 def decoder_options(table, seq, ga, *, given=()) -> dict[str, Any]:

@@ -141,6 +141,7 @@ def test_peft_steps_run_the_executable_it_analyses_on_the_batch_sharding_of_ever
     arm.close()
 
 
+@pytest.mark.slow  # three arms at GA 4 on Tunix's Qwen3; tests/arms/workload/test_tunix_grpo.py
 def test_tunix_grpo_ga4_ragged_engine_and_tunix_qwen3_exact_peft_mean_of_means_off(devices):
     """Tunix's own GRPO loss on ragged rollouts: our engine and native on Tunix's Qwen3
     (called as Tunix calls it) are sum/sum exact; PeftTrainer averages micro-batch means."""

@@ -38,9 +38,17 @@ def _objective(loss, config, batch):
     return state, lambda state: loss(nnx.merge(graph, state), batch).loss_sum
 
 
-@pytest.mark.parametrize("loss", LOSSES, ids=lambda loss: loss.name)
-@pytest.mark.parametrize("preset", ["small", "small-untied"])
-def test_chunked_loss_is_the_whole_logits_loss_value_and_gradient(loss, preset):
+# Each head layout (tied: the embedding read as [V, D]; untied: [D, V]) and each loss runs
+# in make test; their two other pairings, the same code paths compiled again, with the slow.
+SLOW_PAIR = pytest.mark.slow
+
+
+@pytest.mark.parametrize(("preset", "loss"), [
+    pytest.param("small", LOSSES[0], id="small-xent"),
+    pytest.param("small-untied", LOSSES[1], id="small-untied-grpo"),
+    pytest.param("small", LOSSES[1], id="small-grpo", marks=SLOW_PAIR),
+    pytest.param("small-untied", LOSSES[0], id="small-untied-xent", marks=SLOW_PAIR)])
+def test_chunked_loss_is_the_whole_logits_loss_value_and_gradient(preset, loss):
     config = get_preset(preset)
     batch = make_micro_batches(seed=3, batch_size=2, seq_len=128, vocab_size=config.vocab_size,
                                mask_fraction=0.7, grpo=loss.name == "grpo")[0]

@@ -190,6 +190,7 @@ def test_a_zygote_that_dies_fails_its_cell_and_the_next_cell_gets_a_new_one(tmp_
     assert [r.ok for r in records if r.arm == "native"] == [True, True]
 
 
+@pytest.mark.slow  # three cell processes; the reason alone: tests/arms/models/test_maxtext_qwen3
 def test_without_maxtext_only_the_maxtext_arms_fail_and_say_why(tmp_path):
     cells = expand({**TINY, "arms": ["native", "peft-maxtext", "maxtext-engine"],
                     "parity": False, "remat": "full"})
