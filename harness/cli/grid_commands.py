@@ -370,19 +370,20 @@ class AB(Command):
 
 
 def _decoder_sets(given: list[str] | None, side: str) -> dict:
-    """--set-a/-b OPTION=VALUE ... as {option: value}, each value of its CellSpec field's
-    type (ValueError naming the flag for a malformed one)."""
+    """--set-a/-b OPTION=VALUE ... as {option: value}, a value of a whole-number CellSpec
+    field as a number (ValueError naming the flag for a malformed one; which options a
+    side may set, harness.jobs.ab.side_cells says)."""
     from arms.spec import CellSpec
 
     found = {}
     for item in given or []:
         key, sep, value = item.partition("=")
         key = key.strip().replace("-", "_")
-        if not sep or not key or key not in CellSpec.__dataclass_fields__:
+        if not sep or not key:
             raise ValueError(f"--set-{side} {item!r}: give OPTION=VALUE, e.g. attention=xla")
-        default = CellSpec.__dataclass_fields__[key].default
+        field = CellSpec.__dataclass_fields__.get(key)
         try:
-            found[key] = int(value) if isinstance(default, int) else value
+            found[key] = int(value) if field and isinstance(field.default, int) else value
         except ValueError:
             raise ValueError(f"--set-{side} {item!r}: {key} takes a whole number") from None
     return found

@@ -46,7 +46,7 @@ def expand(options: dict[str, Any], *, mesh_sizes: dict[str, int] | None = None,
     (a list of counts, or a mapping GA -> counts), instead of `batch`, `micro_batch`:
     rows per micro-batch (a number, a list, or a table by seq, whose entries may be tables
     by GA), each cell's batch then micro_batch x its GA, and `decoder`: our decoder's
-    options by shape (`decoder_options`). Raises one ValueError naming the fix on the first
+    options by shape (`decoder_table_at`). Raises one ValueError naming the fix on the first
     bad cell, or where no cell is left (unless `allow_empty`).
     """
     arms = _as_list(options.get("arms") or [])
@@ -80,10 +80,8 @@ def expand(options: dict[str, Any], *, mesh_sizes: dict[str, int] | None = None,
             _check_device_count(spec.mesh, mesh, mesh_sizes)
         if spec.ragged:
             spec.micro_batches(logprobs=False)  # validates counts against the micro-batch capacity
-        ours = decoder_options(options.get("decoder"), seq, ga, given=fixed)
+        ours = decoder_table_at(options.get("decoder"), seq, ga, given=fixed)
         on_decoder = dataclasses.replace(spec, **ours) if ours else spec
-        if ours:
-            check_fits(on_decoder.model_config(), mesh, spec.micro_batch)
         for arm in shape_arms:
             model = resolve(arm)[1]
             arm_spec = on_decoder if model == "decoder" else spec
@@ -121,7 +119,7 @@ def _shapes(grid: list[list], micro, arms: list[str]) -> list[tuple]:
     return shapes
 
 
-def decoder_options(table, seq, ga, *, given=()) -> dict[str, Any]:
+def decoder_table_at(table, seq, ga, *, given=()) -> dict[str, Any]:
     """Our decoder's options at (`seq`, `ga`) from a suite's `decoder` table: by seq, then
     optionally by GA, of our decoder's options ({"4096": {"4": {"logits_chunk": 512}}}:
     how the decoder computes where a shape needs it, e.g. a chunked loss where whole logits

@@ -181,6 +181,7 @@ class Session:
         side's cells (`side_cells`), compared across them."""
         stacks = {side: stack for side, stack in (stacks or {}).items() if stack}
         sets = {side: given for side, given in (sets or {}).items() if given}
+        cells = side_cells(self.grid.cells, sets)  # refused before any worktree or cell
         refs = {side: self.trees.ref(side, sha, stacks.get(side, Stack()))
                 for side, sha in shas.items()}
         lockstep = self.pairing == LOCKSTEP
@@ -188,8 +189,7 @@ class Session:
         if lockstep:
             check_lockstep(refs)
         sinks = {side: self._sink(ref, ab_id) for side, ref in refs.items()}
-        tasks = side_tasks(self.grid, sinks, lockstep=lockstep,
-                           cells=side_cells(self.grid.cells, sets))
+        tasks = side_tasks(self.grid, sinks, lockstep=lockstep, cells=cells)
         executor = (LockstepPairs(timeout_s=self.grid.timeout_s, slices=self.slices)
                     if lockstep else
                     # One cell per process and side; an older ref has no zygote.
@@ -280,7 +280,6 @@ def ab(ref_a: str, ref_b: str, request: Request, options: dict, *,
     shas = {"A": resolve(ref_a), "B": resolve(ref_b)}
     check_clean([ref_a, ref_b], allow_dirty=allow_dirty)
     with session(request, options, pairing=pairing, slices=slices, early=early) as runs:
-        side_cells(runs.grid.cells, sets or {})  # refused before any worktree or cell
         return runs.ab(new_run_id("ab-"), shas, stacks=stacks, sets=sets,
                        min_effect=min_effect, watch=watch)
 
@@ -315,6 +314,7 @@ def side_cells(cells: list[CellRun], sets: dict[str, dict]) -> dict[str, list[Ce
     from arms.registry import resolve as resolve_arm
     from arms.spec import DECODER_OPTIONS, CellSpec
 
+    not_ours = sorted({c.arm for c in cells if resolve_arm(c.arm)[1] != "decoder"})
     found = {}
     for side in ("A", "B"):
         given = sets.get(side) or {}
@@ -323,7 +323,6 @@ def side_cells(cells: list[CellRun], sets: dict[str, dict]) -> dict[str, list[Ce
             raise ValueError(f"--set-{side.lower()} {', '.join(sorted(unknown))}: only our "
                              f"decoder's options can differ between the sides "
                              f"({', '.join(DECODER_OPTIONS)})")
-        not_ours = sorted({c.arm for c in cells if resolve_arm(c.arm)[1] != "decoder"})
         if given and not_ours:
             raise ValueError(f"--set-{side.lower()}: {', '.join(not_ours)} compute their "
                              "own attention and logits (not on our decoder); A/B these "
