@@ -291,7 +291,7 @@ def cost(df: pd.DataFrame) -> str:
                      _f(r["mfu"], ".1%"), _f(r["executions_per_step"], ".0f"),
                      _f(r["compiles"], ".0f")))
     unavailable = [f"- {shape_label(r)} {r['arm']}: {r['cost_unavailable']}"
-                   for _, r in frame.iterrows() if r["cost_unavailable"]]
+                   for _, r in frame.iterrows() if isinstance(r["cost_unavailable"], str)]
     planned = plan_sourced(frame)
     compiled_head = ("planned matmul GFLOP/step per device (plan)" if planned
                      else "compiled GFLOP/step per device")

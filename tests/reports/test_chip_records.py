@@ -161,3 +161,28 @@ def test_a_peak_the_build_reached_is_not_read_as_the_step_s(tmp_path):
     assert "| 0.994 (the build's peak) |" in fused
     engine = next(line for line in table.splitlines() if "| engine |" in line)
     assert "| 11.666 | 1.007 |" in engine
+
+
+def test_the_seven_arms_head_to_head_names_its_commit_and_lists_only_real_gaps(tmp_path):
+    """issue 73's head-to-head at seq 1024 GA 1 (docs/results/tpu-v5e/h2h73): all seven arms,
+    two rounds each, every gradient checked in round 0 and every record of main's clean
+    commit. peft-tunix's cost is known (its program was costed), so the list of costs XLA
+    could not give names the six others and never peft-tunix (a row whose reason is absent
+    is not a row with the reason "nan")."""
+    import json
+
+    from reports.frame import to_frame
+    from reports.record import read_dir
+
+    source = CHIP / "h2h73" / "h2h73-tpu-v5e.jsonl"
+    records = [json.loads(line) for line in source.read_text().splitlines()]
+    assert len(records) == 14 and {r["round"] for r in records} == {0, 1}
+    assert {(r["environment"]["git_sha"], r["environment"]["git_dirty"]) for r in records} == {
+        ("0fbb02c849585ee47262dad919b06f65a3c1909a", False)}
+    shutil.copy(source, tmp_path / "chip.jsonl")
+    frame = to_frame(read_dir(tmp_path))
+    assert frame["arm"].nunique() == 7
+    text = render(tmp_path, tmp_path / "out" / "parity.md")
+    assert "Gradient parity: 7 PASS, 0 FAIL." in text
+    listed = text[text.index("Compiled cost unavailable:"):].split("\n\n")[0]
+    assert listed.count("\n- ") == 6 and "peft-tunix" not in listed and "nan" not in listed
