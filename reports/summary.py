@@ -30,6 +30,7 @@ from reports.tables import (
     failed,
     fails_parity,
     failure_message,
+    is_baseline,
     markdown,
     not_checked,
     not_comparable,
@@ -205,7 +206,7 @@ def fastest(frame: pd.DataFrame, group: pd.DataFrame, baseline_arm: str
 def timing_rule(frame: pd.DataFrame, baseline_arm: str) -> str:
     """' Used here: <minimum effect and process spread>.' of the speedups against the
     baseline (stats.rule), or '' where there are none."""
-    found = [c for _, r in frame.iterrows() if r["arm"] != baseline_arm
+    found = [c for _, r in frame.iterrows() if not is_baseline(frame, r, baseline_arm)
              and (c := speedup(frame, r, baseline_arm)) is not None]
     used = stats.rule(found)
     return f" Used here: {used}." if used else ""
@@ -219,7 +220,7 @@ def _shape_rows(frame: pd.DataFrame, label: str, group: pd.DataFrame, baseline_a
     rows, notes = [], [f"{label}: " + (f"fastest **{leader}** ({why})" if leader else why)]
     for _, r in group.iterrows():
         ratio, verdict = speedup_text(frame, r, baseline_arm)
-        if r["arm"] == baseline_arm:
+        if is_baseline(frame, r, baseline_arm):
             ratio = "1.00x (baseline)"
         caveat = not_comparable(frame, r, baseline_arm)
         arm = f"**{arm_label(r)}** (fastest)" if r["arm"] == leader else arm_label(r)
@@ -232,7 +233,7 @@ def _shape_rows(frame: pd.DataFrame, label: str, group: pd.DataFrame, baseline_a
             notes.append(f"{label}: {r['arm']} has a lower median ({r['median_ms']:.1f} ms) "
                          f"than {leader} but {why_not}, so it is not the fastest at the same "
                          "work.")
-        if r["arm"] == baseline_arm and fails_parity(r):
+        if is_baseline(frame, r, baseline_arm) and fails_parity(r):
             notes.append(f"{label}: the baseline {baseline_arm} fails gradient parity, so "
                          "its time is not the exact work and no speedup against it here "
                          "compares like with like.")

@@ -130,11 +130,40 @@ def plan_sourced(frame: pd.DataFrame) -> bool:
 
 
 def same_shape(df: pd.DataFrame, row, arm: str | None) -> pd.DataFrame:
-    """The rows of `df` of `row`'s shape and arm `arm` (None: every arm)."""
+    """The rows of `df` of `row`'s shape and arm `arm` (None: every arm). Where `arm` ran
+    there with more than one set of our decoder's options, the rows of one set
+    (`_one_option_set`): an arm's counterpart is one computation, never the first found."""
     same = df if arm is None else df[df["arm"] == arm]
     for col in SHAPE:
         same = same[same[col] == row[col]]
-    return same
+    if arm is None or "decoder_options" not in same or len(same) < 2:
+        return same
+    return _one_option_set(same, row, arm)
+
+
+def _one_option_set(same: pd.DataFrame, row, arm: str) -> pd.DataFrame:
+    """Of `arm`'s rows at `row`'s shape, those `row` is compared with: another arm's with
+    `row`'s own options where it ran them (the same computation, so the trainers differ
+    alone); else, and always for `row`'s own arm, the defaults' (`engine (attention=
+    splash)` is set against the plain engine, not against itself); else the first set."""
+    options = same["decoder_options"].fillna("")
+    if options.nunique() < 2:
+        return same
+    own = row.get("decoder_options") or ""
+    if arm != row["arm"] and (options == own).any():
+        return same[options == own]
+    if (options == "").any():
+        return same[options == ""]
+    return same[options == options.iloc[0]]
+
+
+def is_baseline(df: pd.DataFrame, row, arm: str) -> bool:
+    """Is `row` itself `arm`'s row at its shape (its speedup against `arm` is 1.00x by
+    definition)? An arm run with other options than its counterpart's is not."""
+    if row["arm"] != arm:
+        return False
+    same = same_shape(ok(df), row, arm)
+    return same.empty or row.name in same.index
 
 
 def arm_view(c: stats.Comparison) -> str:
@@ -188,7 +217,7 @@ def speedup_text(df: pd.DataFrame, row, other_arm: str) -> tuple[str, str]:
     arm itself, (MISSING, "") where the other arm has no cell of this shape. Arms that do
     not do the same work (`not_comparable`) get no verdict: their times compare programs,
     not trainers."""
-    if row["arm"] == other_arm:
+    if is_baseline(df, row, other_arm):
         return "1.00x", ""
     c = speedup(df, row, other_arm)
     if c is None:
@@ -211,7 +240,7 @@ def not_comparable(df: pd.DataFrame, row, other_arm: str) -> str:
     """Why the arm's time is not comparable with `other_arm`'s at this shape ('' if it is):
     one of them fails gradient parity, or their compiled FLOPs per model FLOP differ by more
     than reports.work.WORK_TOLERANCE; either way they do not do the same work."""
-    if row["arm"] == other_arm:
+    if is_baseline(df, row, other_arm):
         return ""
     others = same_shape(ok(df), row, other_arm)
     mine = fails_parity(row)
@@ -401,7 +430,7 @@ def noise(df: pd.DataFrame, baseline_arm: str) -> str:
     within, judged = [], []
     for _, r in frame.iterrows():
         ratio, verdict = speedup_text(frame, r, baseline_arm)
-        c = speedup(frame, r, baseline_arm) if r["arm"] != baseline_arm else None
+        c = None if is_baseline(frame, r, baseline_arm) else speedup(frame, r, baseline_arm)
         if c is not None and verdict and verdict not in ("faster", "slower"):
             judged.append(c)
             within.append(f"- {shape_label(r)}: {r['arm']} vs {baseline_arm} {ratio}: "

@@ -186,3 +186,51 @@ def test_the_seven_arms_head_to_head_names_its_commit_and_lists_only_real_gaps(t
     assert "Gradient parity: 7 PASS, 0 FAIL." in text
     listed = text[text.index("Compiled cost unavailable:"):].split("\n\n")[0]
     assert listed.count("\n- ") == 6 and "peft-tunix" not in listed and "nan" not in listed
+
+
+def _with_engine_options(tmp_path, attention: str, slower: float) -> Path:
+    """The h2h73 records plus a second set of the engine's, as if run with `attention`
+    (its blocks the defaults), every step `slower` times as long."""
+    import json
+
+    from harness.contract import cell_hash
+
+    lines = (CHIP / "h2h73" / "h2h73-tpu-v5e.jsonl").read_text().splitlines()
+    extra = []
+    for line in lines:
+        record = json.loads(line)
+        if record["arm"] != "engine":
+            continue
+        record["spec"]["attention"] = attention
+        record["config_hash"] = cell_hash(record["spec"])  # as the runner keys a cell
+        timing = record["timing"]
+        timing["step_ms"] = [t * slower for t in timing["step_ms"]]
+        timing["stats"] = {k: v * slower if k.endswith("_ms") else v
+                           for k, v in timing["stats"].items()}
+        extra.append(json.dumps(record))
+    (tmp_path / "chip.jsonl").write_text("\n".join(lines + extra) + "\n")
+    return tmp_path
+
+
+def test_an_arm_run_with_two_option_sets_is_set_against_the_defaults_not_itself(tmp_path):
+    """The engine at one shape with XLA's attention (the defaults) and with splash, 10%
+    slower: the splash row reads 0.91x against the engine (never its own 1.00x), and every
+    other arm is set against the plain engine (native 1.00x, as in the chip's own table),
+    not against whichever engine row came first."""
+    from reports.frame import to_frame
+    from reports.record import read_dir
+    from reports.tables import is_baseline, speedup, timing
+
+    frame = to_frame(read_dir(_with_engine_options(tmp_path, "splash", 1.10)))
+    engines = frame[frame["arm"] == "engine"]
+    plain = engines[engines["decoder_options"].fillna("") == ""].iloc[0]
+    splash = engines[engines["decoder_options"].fillna("") != ""].iloc[0]
+    assert is_baseline(frame, plain, "engine") and not is_baseline(frame, splash, "engine")
+    assert 1.09 < 1 / speedup(frame, splash, "engine").ratio < 1.11
+    native = frame[frame["arm"] == "native"].iloc[0]
+    assert 0.99 < speedup(frame, native, "engine").ratio < 1.01
+    rows = {line.split("|")[2].strip(): line.split("|")[8].strip()
+            for line in timing(frame, "engine").splitlines() if line.startswith("| ")}
+    assert rows["engine"] == "1.00x"
+    assert rows["engine (attention=splash/512x1024)"] == "0.91x [0.91, 0.91]"
+    assert rows["native"].startswith("1.00x")
