@@ -27,6 +27,7 @@ from reports.tables import (
     arm_label,
     arm_view,
     by_shape,
+    compare_rows,
     failed,
     fails_parity,
     failure_message,
@@ -183,7 +184,8 @@ def _baselines_work(frame: pd.DataFrame, row, baseline_arm: str) -> bool:
 
 def fastest(frame: pd.DataFrame, group: pd.DataFrame, baseline_arm: str
             ) -> tuple[str | None, str]:
-    """(the fastest arm of one shape, or None; why). Among the arms doing the baseline's
+    """(the fastest arm of one shape as its rows name it, or None; why). Among the arms
+    doing the baseline's
     work (parity PASS, the same compiled FLOPs per model FLOP), the one with the lowest
     median is the fastest only when the statistics rule calls it faster than each other
     such arm; otherwise why not, with the noise of the closest pair (its MDE)."""
@@ -192,15 +194,15 @@ def fastest(frame: pd.DataFrame, group: pd.DataFrame, baseline_arm: str
     if len(exact_arms) < 2:
         return None, "fewer than two arms doing the same work"
     leader, runner_up = exact_arms[0], exact_arms[1]
+    name = arm_label(leader)
     for other in exact_arms[1:]:
-        c = speedup(frame, leader, other["arm"])
-        if c is None or stats.verdict(c) != stats.SLOWER:  # the other arm is not slower
-            closest = speedup(frame, leader, runner_up["arm"])
-            noise = f"noise {closest.mde:.0%}" if closest else "no comparison"
-            return None, (f"no timing verdict ({noise}: {leader['arm']} vs "
-                          f"{runner_up['arm']} {closest.ratio:.2f}x, "
-                          f"{arm_view(closest)})" if closest else noise)
-    return leader["arm"], f"{leader['arm']} is faster than every other arm beyond noise"
+        c = compare_rows(leader, other)
+        if stats.verdict(c) != stats.SLOWER:  # the other arm is not slower
+            closest = compare_rows(leader, runner_up)
+            return None, (f"no timing verdict (noise {closest.mde:.0%}: {name} vs "
+                          f"{arm_label(runner_up)} {closest.ratio:.2f}x, "
+                          f"{arm_view(closest)})")
+    return name, f"{name} is faster than every other arm beyond noise"
 
 
 def timing_rule(frame: pd.DataFrame, baseline_arm: str) -> str:
@@ -223,14 +225,15 @@ def _shape_rows(frame: pd.DataFrame, label: str, group: pd.DataFrame, baseline_a
         if is_baseline(frame, r, baseline_arm):
             ratio = "1.00x (baseline)"
         caveat = not_comparable(frame, r, baseline_arm)
-        arm = f"**{arm_label(r)}** (fastest)" if r["arm"] == leader else arm_label(r)
+        arm = f"**{arm_label(r)}** (fastest)" if arm_label(r) == leader else arm_label(r)
         rows.append((label, arm, f"{r['median_ms']:.1f}", ratio,
                      "; ".join(v for v in (verdict, caveat) if v)))
-        leader_row = group[group["arm"] == leader]
-        if leader and r["median_ms"] < leader_row.iloc[0]["median_ms"]:
+        leader_ms = next((o["median_ms"] for _, o in group.iterrows()
+                          if arm_label(o) == leader), None)
+        if leader and r["median_ms"] < leader_ms:
             why_not = ("fails gradient parity" if fails_parity(r) else
                        f"does {caveat.removesuffix('; not comparable work')}")
-            notes.append(f"{label}: {r['arm']} has a lower median ({r['median_ms']:.1f} ms) "
+            notes.append(f"{label}: {arm_label(r)} has a lower median ({r['median_ms']:.1f} ms) "
                          f"than {leader} but {why_not}, so it is not the fastest at the same "
                          "work.")
         if is_baseline(frame, r, baseline_arm) and fails_parity(r):

@@ -187,9 +187,11 @@ def speedup(df: pd.DataFrame, row, other_arm: str) -> stats.Comparison | None:
     faster), by the one statistics rule; rounds that ran interleaved compare as pairs.
     None when the other arm has no timed cell of this shape."""
     same = same_shape(ok(df), row, other_arm)
-    if same.empty:
-        return None
-    other = same.iloc[0]
+    return None if same.empty else compare_rows(row, same.iloc[0])
+
+
+def compare_rows(row, other) -> stats.Comparison:
+    """median(other) / median(row) with its CI: `speedup` once the other row is found."""
     busy = bool(row.get("busy")) or bool(other.get("busy"))
     backend = stats.one_backend([row.get("backend"), other.get("backend")])
     if row["slices"] and other["slices"] and row["round_ids"] == other["round_ids"]:
