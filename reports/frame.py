@@ -246,7 +246,8 @@ def _mean(values: list[float]) -> float | None:
 
 def _parity_columns(p) -> dict:
     return {"loss": p and p.loss, "exact_loss": p and p.exact_loss, "rel_l2": p and p.rel_l2,
-            "grad_l2": p and p.grad_l2, "denominator": p and p.denominator,
+            "float32_rel_l2": p and p.float32_rel_l2, "grad_l2": p and p.grad_l2,
+            "denominator": p and p.denominator,
             "trainer_denominator": p and p.trainer_denominator,
             "denominators": tuple(p.denominators) if p else (),
             "data_digest": p and p.data_digest}

@@ -157,6 +157,9 @@ def _parity(row) -> str:
     if verdict is None:
         return not_checked(row)
     rel = "not finite" if verdict.rel_l2 is None else f"{verdict.rel_l2:.2e}"
+    float32 = number(row.get("float32_rel_l2"))
+    if float32 is not None:  # where the arithmetic rounds: the arm's distance from float32
+        rel += f"; vs exact float32 {float32:.2e}"
     if verdict.passed:
         return f"PASS {rel}"
     return f"**FAIL** {rel}: {verdict.cause}"

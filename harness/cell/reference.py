@@ -80,6 +80,7 @@ def parity_section(spec, gradient, first_loss: float, trainer_denominator: float
     if entry.mean_of_means is not None:
         mean_of_means = rel_l2(gradient, entry.mean_of_means)
         predicted = rel_l2(entry.mean_of_means, entry.gradient)
+    float32 = None if entry.exact32 is None else rel_l2(gradient, entry.exact32)
     return Parity(
         data_digest=data_digest(batches), denominators=dens, denominator=sum(dens),
         trainer_denominator=trainer_denominator, loss=first_loss, exact_loss=entry.loss,
@@ -90,7 +91,8 @@ def parity_section(spec, gradient, first_loss: float, trainer_denominator: float
         tied_head=spec.model_config().tie_embeddings,
         reference_shared=stored, floor_rel_l2=entry.floor_rel_l2,
         reference_s=reference_s, reference_computed_s=entry.computed_s,
-        mean_of_means_rel_l2=mean_of_means, predicted_rel_l2=predicted)
+        mean_of_means_rel_l2=mean_of_means, predicted_rel_l2=predicted,
+        float32_rel_l2=float32)
 
 
 def stack() -> dict:
@@ -108,7 +110,8 @@ def exact_reference(spec, batches) -> tuple[Entry, bool]:
     """(the exact reference of `spec` in its own arithmetic with its floor, whether it was
     read from the store at $PARITY_REFERENCE_DIR). Computed where not stored: at the default
     matmul precision in the cell's dtype, and, where that arithmetic rounds, again in exact
-    float32 for the floor (kept as a number: the float32 gradient itself is not stored)."""
+    float32 (the floor is the distance between the two; both are kept, so each arm's own
+    distance from exact float32 is said too)."""
     import jax
 
     from arms.workload import data_digest, rel_l2
@@ -122,16 +125,16 @@ def exact_reference(spec, batches) -> tuple[Entry, bool]:
     start = time.perf_counter()
     model = _reference_model(spec)
     found = _compute_reference(spec, batches, DEFAULT, model)
-    floor = None
+    floor = exact32 = None
     if not exact_arithmetic(spec.dtype, jax.default_backend()):
         spec32 = dataclasses.replace(spec, dtype="float32")
         exact32 = _compute_reference(spec32, batches, HIGHEST,
                                      _reference_model(spec32, like=model)).exact
         floor = rel_l2(found.exact, exact32)
-        del exact32
     del model
     entry = Entry(loss=found.loss, gradient=found.exact, mean_of_means=found.mean_of_means,
-                  floor_rel_l2=floor, computed_s=time.perf_counter() - start)
+                  exact32=exact32, floor_rel_l2=floor,
+                  computed_s=time.perf_counter() - start)
     if store is not None:
         store.write(key, entry)
     return entry, False

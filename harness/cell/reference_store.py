@@ -10,10 +10,12 @@ device kind (a reference in a rounding dtype is the device's own arithmetic).
 
 An entry is a directory `<key>/` holding `gradient.npz` (the gradient, one float32 array a
 leaf, named by its path), where the work is ragged `mean_of_means.npz` (the same for the
-mean of micro-batch means) and `meta.json` (the loss, the floor, the seconds computing it
-took), written whole: into a temporary directory renamed into place, so a reader sees an
-entry complete or not at all. A read touches `meta.json`; after a write, the oldest entries
-go until the store is under its bound (`REFERENCE_BOUND`, default `DEFAULT_BOUND_GB`).
+mean of micro-batch means), where the arithmetic rounds `exact32.npz` (the gradient in exact
+float32: an entry of bfloat16 work is then twice its gradient's size) and `meta.json` (the
+loss, the floor, the seconds computing it took), written whole: into a temporary directory
+renamed into place, so a reader sees an entry complete or not at all. A read touches
+`meta.json`; after a write, the oldest entries go until the store is under its bound
+(`REFERENCE_BOUND`, default `DEFAULT_BOUND_GB`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from harness.contract import REFERENCE_BOUND, cell_hash
 
 DEFAULT_BOUND_GB = 16.0
 """The store's default size bound: a qwen3-0.6b reference is 2.4 GB (its float32
-gradient), so six shapes of it stay."""
+gradient), 4.8 GB with its exact float32 twin (bfloat16 work), so three shapes of it stay."""
 NOT_IN_KEY = ("mesh", "optimizer", "learning_rate", "clip", "attention", "attention_block_q",
               "attention_block_kv", "logits_chunk")
 """Spec fields a reference does not depend on: it runs on one device, before any update,
@@ -59,6 +61,9 @@ class Entry:
     mean_of_means: dict | None = None
     """The mean of micro-batch mean gradients of the same work (what a trainer averaging
     micro-batch means computes), where the micro-batches' denominators differ; else None."""
+    exact32: dict | None = None
+    """Where the arithmetic rounds, the exact gradient in exact float32 (the floor's other
+    end), so each arm's own distance from it can be said; None where `gradient` is that."""
 
 
 def source_digest(root: Path | None = None) -> str:
@@ -136,15 +141,19 @@ class ReferenceStore:
             meta = json.loads((path / "meta.json").read_text())
             with np.load(path / "gradient.npz") as flat:
                 gradient = _unflatten(flat)
-            means = None
+            means = exact32 = None
             if meta.get("mean_of_means"):
                 with np.load(path / "mean_of_means.npz") as flat:
                     means = _unflatten(flat)
+            if meta.get("exact32"):
+                with np.load(path / "exact32.npz") as flat:
+                    exact32 = _unflatten(flat)
         except (FileNotFoundError, NotADirectoryError):
             return None
         os.utime(path / "meta.json")  # most recently used
         return Entry(loss=meta["loss"], gradient=gradient, mean_of_means=means,
-                     floor_rel_l2=meta["floor_rel_l2"], computed_s=meta["computed_s"])
+                     exact32=exact32, floor_rel_l2=meta["floor_rel_l2"],
+                     computed_s=meta["computed_s"])
 
     def write(self, key: str, entry: Entry) -> None:
         """Stores `entry` under `key` whole, then evicts the least recently used entries
@@ -155,10 +164,13 @@ class ReferenceStore:
             np.savez(tmp / "gradient.npz", **_flatten(entry.gradient))
             if entry.mean_of_means is not None:
                 np.savez(tmp / "mean_of_means.npz", **_flatten(entry.mean_of_means))
+            if entry.exact32 is not None:
+                np.savez(tmp / "exact32.npz", **_flatten(entry.exact32))
             (tmp / "meta.json").write_text(json.dumps({
                 "loss": entry.loss, "floor_rel_l2": entry.floor_rel_l2,
                 "computed_s": entry.computed_s, "written": time.time(),
-                "mean_of_means": entry.mean_of_means is not None}))
+                "mean_of_means": entry.mean_of_means is not None,
+                "exact32": entry.exact32 is not None}))
             _flush(tmp)
             with contextlib.suppress(OSError):  # another cell wrote it first: theirs stands
                 tmp.rename(self.root / key)

@@ -311,6 +311,11 @@ class Parity:
     """Ragged work: ||g - g_mom|| / ||g_mom||, g_mom the mean of micro-batch means."""
     predicted_rel_l2: float | None = None
     """Ragged work: ||g_mom - g_exact|| / ||g_exact||, what a mean of means is off by."""
+    float32_rel_l2: float | None = None
+    """Where the arithmetic rounds: ||g - g_exact32|| / ||g_exact32||, the arm's own distance
+    from exact float32 (rel_l2 is its distance from the reference in its own arithmetic,
+    which rounds too): which of two arms is nearer the true gradient. None where the work
+    is exact float32 (rel_l2 is then this), or the stored reference predates it."""
 
 
 @_section

@@ -245,3 +245,20 @@ def test_the_fastest_is_named_with_its_options_and_only_its_row_is_marked(tmp_pa
             "512x1024) is faster than every other arm beyond noise)") in text
     marked = [line for line in text.splitlines() if "(fastest)" in line]
     assert len(marked) == 1 and "**engine (attention=splash/512x1024)** (fastest)" in marked[0]
+
+
+def test_a_check_that_says_the_distance_from_exact_float32_shows_it_beside_rel_l2(tmp_path):
+    """A round-0 record whose check gave the arm's distance from exact float32: the
+    gradient parity table reads it beside the verdict; records without it read as before."""
+    import json
+
+    lines = (CHIP / "h2h73" / "h2h73-tpu-v5e.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    for record in records:
+        if record["arm"] == "engine" and record["round"] == 0:
+            record["parity"]["float32_rel_l2"] = 0.0234
+    (tmp_path / "chip.jsonl").write_text("\n".join(map(json.dumps, records)) + "\n")
+    text = render(tmp_path, tmp_path / "out" / "parity.md")
+    assert "|  | engine | PASS 1.19e-02; vs exact float32 2.34e-02 |" in text.replace(
+        "| qwen3-0.6b s1024 b2 ga1 bfloat16 | engine |", "|  | engine |")
+    assert "|  | native | PASS 1.12e-02 |" in text

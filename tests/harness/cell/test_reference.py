@@ -48,6 +48,25 @@ def test_a_bfloat16_cell_records_its_floor_and_is_judged_by_it(monkeypatch):
     # a float32 cell has no floor: GRAD_TOLERANCE holds it
     plain = parity_section(SPEC, exact32, first_loss=1.0, trainer_denominator=None)
     assert plain.floor_rel_l2 is None and plain.rel_l2 == 0.0
+    assert plain.float32_rel_l2 is None  # its rel_l2 is the distance from exact float32
+
+
+def test_a_rounding_cell_says_its_own_distance_from_exact_float32(monkeypatch, tmp_path):
+    """Two bfloat16 gradients equally far from the bfloat16 reference need not be equally
+    far from the true one: each arm's distance from exact float32 is said beside. The
+    reference itself is the floor away (by definition); exact float32 is 0 away; and a
+    later cell reading the stored reference gets the same figures."""
+    monkeypatch.setenv("PARITY_REFERENCE_DIR", str(tmp_path))
+    bf16 = dataclasses.replace(SPEC, dtype="bfloat16")
+    batches = bf16.micro_batches(0)
+    exact16, exact32 = _exact(bf16, batches), _exact(SPEC, batches, "highest")
+    computed = parity_section(bf16, exact16, first_loss=1.0, trainer_denominator=None)
+    assert not computed.reference_shared
+    assert computed.float32_rel_l2 == pytest.approx(computed.floor_rel_l2, rel=1e-6)
+    nearer = parity_section(bf16, exact32, first_loss=1.0, trainer_denominator=None)
+    assert nearer.reference_shared and nearer.float32_rel_l2 == pytest.approx(0.0, abs=1e-7)
+    # its rel_l2 stays the distance from the bfloat16 reference (read back from the store)
+    assert nearer.rel_l2 == pytest.approx(rel_l2(exact32, exact16), rel=1e-6)
 
 
 def test_only_float32_work_on_the_cpu_is_exact_float32_arithmetic():
