@@ -1,0 +1,57 @@
+"""A planted slowdown on the device: matmuls of a known FLOP count added to the native arm's
+step. Test support for the chip's A/B, bisect and nightly checks; never part of the product.
+
+A commit planting one adds two lines to the end of `arms/native.py`:
+
+    import tests.harness.device_plant as _plant  # noqa: E402
+    _plant.plant(GFLOP)
+
+Every native step then does GFLOP more bfloat16 matmul work (a chain of `tanh(x @ w)` over
+slices of the embedding table, held out of the gradient) and adds it times zero to the loss
+it reports: the parameters, the optimizer state and the loss are unchanged, the device time
+is not. Unlike `tests.harness.fault_arms`' host spin, the work is the device's own, so the
+plan, the compiled cost and a trace all see it. Its time is the chip's to measure: at the
+~165 TFLOP/s the v5e's bf16 matmuls reached, 1 GFLOP is ~6 us.
+"""
+
+from __future__ import annotations
+
+import math
+
+ROWS = 8192
+"""Rows of the planted matmuls' left operand (fewer where the embedding has fewer)."""
+WIDTH = 1024
+"""Their inner and output width (less where the embedding is narrower)."""
+
+
+def planted_shape(table_shape: tuple[int, int], gflop: float) -> tuple[int, int, int]:
+    """(rows, width, matmuls) of the planted chain for an embedding of `table_shape`: the
+    fewest [rows, width] x [width, width] matmuls that reach `gflop`."""
+    rows, width = min(ROWS, table_shape[0]), min(WIDTH, table_shape[0], table_shape[1])
+    return rows, width, max(1, math.ceil(gflop * 1e9 / (2 * rows * width * width)))
+
+
+def planted_step(native_step, gflop: float):
+    """`native_step` (arms.native's) with the planted matmuls after it (module docstring)."""
+    import jax
+    import jax.numpy as jnp
+
+    def step(graph, loss_fn, tx, clip, params, rest, opt_state, batches, **options):
+        params, rest, opt_state, loss = native_step(graph, loss_fn, tx, clip, params, rest,
+                                                    opt_state, batches, **options)
+        table = max((x for x in jax.tree.leaves(params) if x.ndim == 2), key=lambda x: x.size)
+        rows, width, count = planted_shape(table.shape, gflop)
+        table = jax.lax.stop_gradient(table).astype(jnp.bfloat16)
+        x, w = table[:rows, :width], table[:width, :width]
+        for _ in range(count):  # unrolled: every matmul is in the program's cost as it runs
+            x = jnp.tanh(x @ w)
+        return params, rest, opt_state, loss + 0.0 * jnp.sum(x.astype(jnp.float32))
+
+    return step
+
+
+def plant(gflop: float) -> None:
+    """Plants `gflop` GFLOP of device work in every step of the native arm (this process)."""
+    import arms.native
+
+    arms.native.native_step = planted_step(arms.native.native_step, gflop)
