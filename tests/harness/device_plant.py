@@ -55,3 +55,60 @@ def plant(gflop: float) -> None:
     import arms.native
 
     arms.native.native_step = planted_step(arms.native.native_step, gflop)
+
+
+PLANT_LINES = ("\n\nimport tests.harness.device_plant as _plant  # noqa: E402\n\n"
+               "_plant.plant({gflop})\n")
+"""What a planting commit appends to arms/native.py."""
+
+
+def branch(repo: str, name: str, *, commits: int, at: int, gflop: float) -> list[str]:
+    """Makes branch `name` in `repo`: `commits` commits on its HEAD, the `at`-th (from 1)
+    planting `gflop` GFLOP in native's step (every later one keeps it), the others a line
+    added to a file of their own (`plant-log.txt`); returns their SHAs, oldest first. Run
+    in a temporary worktree, so the checkout's files and index stay as they are."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    if not 1 <= at <= commits:
+        raise ValueError(f"--at {at}: give the planting commit's place, 1 to {commits}")
+    git = ["git", "-c", "user.name=parity plants", "-c", "user.email=plants@localhost"]
+
+    def run(*args, cwd=repo) -> str:
+        return subprocess.run([*git, *args], cwd=cwd, check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    shas = []
+    with tempfile.TemporaryDirectory() as scratch:
+        tree = Path(scratch) / "tree"
+        run("worktree", "add", "-q", "-b", name, str(tree), "HEAD")
+        try:
+            for index in range(1, commits + 1):
+                if index == at:
+                    native = tree / "arms" / "native.py"
+                    native.write_text(native.read_text() + PLANT_LINES.format(gflop=gflop))
+                    message = f"plant {gflop:g} GFLOP of device work in native's step"
+                else:
+                    with open(tree / "plant-log.txt", "a") as log:
+                        log.write(f"commit {index} of {commits}\n")
+                    message = f"no-op commit {index} of {commits}"
+                run("add", "-A", cwd=tree)
+                run("commit", "-q", "-m", message, cwd=tree)
+                shas.append(run("rev-parse", "HEAD", cwd=tree))
+        finally:
+            run("worktree", "remove", "--force", str(tree))
+    return shas
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="make a branch of planted commits")
+    parser.add_argument("name", help="the new branch")
+    parser.add_argument("--commits", type=int, default=8)
+    parser.add_argument("--at", type=int, default=5, help="the planting commit, 1-based")
+    parser.add_argument("--gflop", type=float, default=380.0)
+    args = parser.parse_args()
+    for sha in branch(".", args.name, commits=args.commits, at=args.at, gflop=args.gflop):
+        print(sha)

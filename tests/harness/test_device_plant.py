@@ -49,3 +49,33 @@ def test_the_planted_step_costs_its_matmuls_more_and_computes_the_same(monkeypat
     assert matmuls <= flops - base_flops <= matmuls + elementwise, (flops - base_flops, matmuls)
     assert loss == base_loss
     assert all(np.array_equal(a, b) for a, b in zip(state, base_state, strict=True))
+
+
+def test_a_plant_branch_plants_once_and_keeps_it(tmp_path):
+    """Eight commits on a clone's HEAD, the fifth planting: only it touches arms/native.py,
+    every later one still carries the plant, and the clone's own checkout is untouched."""
+    import subprocess
+    from pathlib import Path
+
+    from tests.harness.device_plant import PLANT_LINES, branch
+
+    repo = Path(__file__).resolve().parents[2]
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    shas = branch(str(clone), "plants", commits=8, at=5, gflop=380)
+
+    def git(*args) -> str:
+        return subprocess.run(["git", *args], cwd=clone, capture_output=True, text=True,
+                              check=True).stdout
+
+    assert len(shas) == 8 and git("rev-parse", "plants").strip() == shas[-1]
+    assert git("rev-list", f"{head}..plants").split() == shas[::-1]
+    touched = [git("show", "--name-only", "--format=", sha).split() for sha in shas]
+    assert touched[4] == ["arms/native.py"]
+    assert all(t == ["plant-log.txt"] for n, t in enumerate(touched) if n != 4)
+    for sha in shas[4:]:
+        assert git("show", f"{sha}:arms/native.py").endswith(PLANT_LINES.format(gflop=380))
+    assert PLANT_LINES.format(gflop=380) not in git("show", f"{shas[3]}:arms/native.py")
+    assert git("rev-parse", "HEAD").strip() == head and git("status", "--porcelain") == ""
