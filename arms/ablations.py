@@ -17,6 +17,14 @@ could defeat it) or of the engine's configuration:
   again instead of reading the copies the step's first one made (item 16,
   `EngineConfig.cast_once_per_step=False`): other programs, the same bits.
 
+Beside them, a candidate: one change the engine does not make by default, to A/B before it
+does:
+
+- `engine-copies-float32-gradient`: at GA > 1, the accumulating fwd/bwd reads the step's
+  copies but differentiates the float32 parameters through them
+  (`EngineConfig.copies_float32_gradient`): each layer's weight gradient is stored in
+  float32, not bfloat16, inside the backward's layer loop. The same bits on the CPU.
+
 The two optimizations of the seed that are properties of the compiled kernels (no dead
 computation, item 8; a scalar throttler marker, item 5) cannot be switched off on an
 instance: their tests (tests/engine/test_optimizations.py) count the kernels' outputs and the
@@ -65,9 +73,18 @@ class CastPerMicroBatch(EngineArm):
         return dataclasses.replace(super().engine_config(), cast_once_per_step=False)
 
 
+class CopiesFloat32Gradient(EngineArm):
+    trainer = "engine-copies-float32-gradient"
+
+    def engine_config(self):
+        return dataclasses.replace(super().engine_config(), copies_float32_gradient=True)
+
+
 ABLATIONS = {cls.trainer: cls for cls in (NoStateCache, EagerMetrics, UnboundedMetrics,
                                           CastPerMicroBatch)}
 """Arm name -> its class."""
+CANDIDATES = {cls.trainer: cls for cls in (CopiesFloat32Gradient,)}
+"""Arm name -> its class: changes not (yet) the engine's default."""
 
-for _name, _cls in ABLATIONS.items():
+for _name, _cls in {**ABLATIONS, **CANDIDATES}.items():
     register(_name, lambda spec, _cls=_cls, **options: _cls(spec, "decoder", **options))

@@ -31,6 +31,15 @@ class EngineConfig:
     those copies instead of casting every such parameter again for each micro-batch. The
     same loss and gradient to the bit; the copies live from the first micro-batch to the
     update. False: every micro-batch casts (as a model without that metadata does)."""
+    copies_float32_gradient: bool = False
+    """With `cast_once_per_step`, the accumulating fwd_bwd differentiates the float32
+    parameters through their copies (`engine.model.precast.read_copy`) rather than the
+    copies themselves, so each layer's weight gradient is stored in float32 inside the
+    backward's layer loop, as in a program that casts per micro-batch, not in the copies'
+    bfloat16 before the accumulator's float32 add. The same values forward; where the
+    backend rounds a matmul's result to its bfloat16 type before the store (the CPU) the
+    same gradient to the bit, where it keeps a fused float32 result (a TPU) a nearer one.
+    A candidate for the chip's A/B (docs/tpu-v5e.md)."""
     shape_policy: Literal["refuse", "recompile"] = "refuse"
     """A micro-batch whose shapes differ from the compiled ones: "refuse" raises a clear error;
     "recompile" recompiles every kernel for the new shapes with one warning."""

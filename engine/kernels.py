@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from engine.model import precast
+
 LossFn = Callable[[nnx.Module, Any], tuple[jax.Array, jax.Array, dict[str, jax.Array]]]
 """(model, micro_batch) -> (loss_sum, denominator, aux sums); aux loss terms are in loss_sum."""
 
@@ -49,13 +51,15 @@ def _as_f32(x: jax.Array) -> jax.Array:
 
 
 def fwd_bwd(graph: nnx.GraphDef, loss_fn: LossFn, params: nnx.State, rest: nnx.State,
-            batch) -> tuple[Accumulator, nnx.State, MicroBatchMetrics]:
-    """Loss sum and its float32 gradient for one micro-batch, and the non-Param state after it."""
+            batch, read: Callable[[nnx.State], nnx.State] | None = None
+            ) -> tuple[Accumulator, nnx.State, MicroBatchMetrics]:
+    """Loss sum and its float32 gradient for one micro-batch, and the non-Param state after it.
+    `read`: what the model reads in place of `params` (differentiated through), if not them."""
 
     def objective(params):
         # copy=True makes fresh Variables at this (grad) trace level, so the loss may mutate
         # non-Param state; the state's own Variables belong to the enclosing jit trace.
-        model = nnx.merge(graph, params, rest, copy=True)
+        model = nnx.merge(graph, read(params) if read else params, rest, copy=True)
         loss_sum, denominator, aux = loss_fn(model, batch)
         return loss_sum, (denominator, aux, nnx.state(model, nnx.Not(nnx.Param)))
 
@@ -72,9 +76,22 @@ def accumulate(acc: Accumulator, new: Accumulator) -> Accumulator:
     return jax.tree.map(jnp.add, acc, new)
 
 
-def fwd_bwd_accumulate(graph, loss_fn, acc: Accumulator, params, rest, batch):
-    new, new_rest, metrics = fwd_bwd(graph, loss_fn, params, rest, batch)
+def fwd_bwd_accumulate(graph, loss_fn, acc: Accumulator, params, rest, batch, read=None):
+    new, new_rest, metrics = fwd_bwd(graph, loss_fn, params, rest, batch, read)
     return accumulate(acc, new), new_rest, metrics
+
+
+def accumulate_reading_copies(graph, loss_fn, casts, float32_gradient: bool):
+    """fwd_bwd_accumulate(acc, params, copies, rest, batch) of a step whose first fwd_bwd made
+    the compute-dtype `copies` (engine.model.precast): the model reads them in place of the
+    float32 leaves they cast, differentiated as the copies (their gradients in the copies'
+    dtype until the accumulator's add) or, with `float32_gradient`, as the float32 leaves
+    read through them (EngineConfig.copies_float32_gradient)."""
+    if float32_gradient:
+        return lambda a, p, c, r, b: fwd_bwd_accumulate(
+            graph, loss_fn, a, p, r, b, lambda q: precast.reading_copies(q, c, casts))
+    return lambda a, p, c, r, b: fwd_bwd_accumulate(
+        graph, loss_fn, a, precast.with_copies(p, c, casts), r, b)
 
 
 def gradient_scale(cfg: UpdateConfig, acc: Accumulator) -> jax.Array:

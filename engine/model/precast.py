@@ -65,3 +65,33 @@ def leaf_shardings(shardings, casts: Casts) -> tuple:
     """The shardings of the leaves `casts` names, in the order `copies` returns them."""
     return tuple(s for s, d in zip(jax.tree.leaves(shardings), casts, strict=True)
                  if d is not None)
+
+
+@jax.custom_vjp
+def read_copy(param: jax.Array, copy: jax.Array) -> jax.Array:
+    """`copy` (a parameter's compute-dtype copy) in `param`'s dtype, differentiated as
+    `param`: the cotangent reaches `param` in its own dtype, so a program that reads a layer
+    stack through it stores each layer's gradient in float32, as one casting the float32
+    parameter itself does, never in the copy's dtype. The model's own cast of the value back
+    to the compute dtype is exact (the value is the copy's), and `param` is never read."""
+    return copy.astype(param.dtype)
+
+
+def _read_copy_fwd(param, copy):
+    return copy.astype(param.dtype), None
+
+
+def _read_copy_bwd(_, cotangent):
+    return cotangent, None  # the copy is not differentiated: no cotangent of its own
+
+
+read_copy.defvjp(_read_copy_fwd, _read_copy_bwd)
+
+
+def reading_copies(params, cast: tuple[jax.Array, ...], casts: Casts):
+    """`params` with each leaf `casts` names read through its copy (`read_copy`): the values
+    of `with_copies`, the gradients of `params` itself."""
+    leaves, treedef = jax.tree.flatten(params)
+    found = iter(cast)
+    return jax.tree.unflatten(treedef, [p if d is None else read_copy(p, next(found))
+                                        for p, d in zip(leaves, casts, strict=True)])

@@ -35,7 +35,7 @@ def _steps(name, steps=3, monkeypatch=None, splits=None, spec=SPEC):
 
 def test_every_ablation_does_the_engines_work_to_the_bit():
     _, _, engine = _steps("engine", steps=1)
-    for name in ablations.ABLATIONS:
+    for name in {**ablations.ABLATIONS, **ablations.CANDIDATES}:
         arm, _, grad = _steps(name, steps=1)
         assert np.array_equal(grad, engine), name
         assert arm.about().startswith(f"plugin arm {name} on ")
@@ -84,3 +84,25 @@ def test_casting_every_micro_batch_reads_no_copies_and_computes_the_same_bits():
         assert copies == ((True, True) if name == "engine" else (False, False)), name
         arm.close()
     assert np.array_equal(grads["engine"], grads["engine-cast-per-micro-batch"])
+
+
+def test_the_float32_copy_gradient_candidate_stores_each_layers_gradient_in_float32():
+    """With the weights cast once per step, the accumulating program's backward over the
+    scanned layers stores each layer's weight gradient into a stack of the copies' dtype
+    (bfloat16); the candidate differentiates the float32 parameters through the copies, so
+    that stack is float32 (the values the same: the bits are, test above). Read from the
+    compiled program's dynamic-update-slices of the MLP's output weights [layers, F, D]."""
+    import re
+
+    spec = dataclasses.replace(SPEC, dtype="bfloat16", scan_layers=True, remat="full")
+    c = spec.model_config()
+    wo = f"[{c.num_layers},{c.mlp_dim},{c.embed_dim}]"
+    stored = {}
+    for name in ("engine", "engine-copies-float32-gradient"):
+        arm = make_arm(name, spec)
+        arm.build()
+        text = arm.executables()["fwd_bwd_accumulate"].as_text()
+        stored[name] = set(re.findall(r"= (\w+)" + re.escape(wo) + r"\S* dynamic-update-slice",
+                                      text))
+        arm.close()
+    assert stored == {"engine": {"bf16"}, "engine-copies-float32-gradient": {"f32"}}, stored
