@@ -188,10 +188,10 @@ def _baselines_work(frame: pd.DataFrame, row, baseline_arm: str) -> bool:
 def fastest(frame: pd.DataFrame, group: pd.DataFrame, baseline_arm: str
             ) -> tuple[str | None, str]:
     """(the fastest arm of one shape as its rows name it, or None; why). Among the arms
-    doing the baseline's
-    work (parity PASS, the same compiled FLOPs per model FLOP), the one with the lowest
-    median is the fastest only when the statistics rule calls it faster than each other
-    such arm; otherwise why not, with the noise of the closest pair (its MDE)."""
+    doing the baseline's work (parity PASS, the same compiled FLOPs per model FLOP), the one
+    with the lowest median is the fastest only when the statistics rule calls it faster
+    than each other such arm; otherwise why not, with the noise of the closest pair (its
+    MDE)."""
     exact_arms = [r for _, r in group.sort_values("median_ms", kind="stable").iterrows()
                   if not fails_parity(r) and _baselines_work(frame, r, baseline_arm)]
     if len(exact_arms) < 2:
