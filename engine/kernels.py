@@ -89,7 +89,7 @@ def accumulate_reading_copies(graph, loss_fn, casts, float32_gradient: bool):
     read through them (EngineConfig.copies_float32_gradient)."""
     if float32_gradient:
         return lambda a, p, c, r, b: fwd_bwd_accumulate(
-            graph, loss_fn, a, p, r, b, lambda q: precast.reading_copies(q, c, casts))
+            graph, loss_fn, a, p, r, b, lambda q: precast.with_copies(q, c, casts, through=True))
     return lambda a, p, c, r, b: fwd_bwd_accumulate(
         graph, loss_fn, a, precast.with_copies(p, c, casts), r, b)
 

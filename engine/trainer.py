@@ -5,17 +5,17 @@ The math lives in `engine.kernels`; this class decides *how* it runs:
   logical-axis rules (JAX's trace cache ignores flax's thread-local rules), with explicit
   in/out shardings (gradients come back sharded like the params), and called inside them;
 - donation: the accumulating fwd/bwd donates the accumulator (its sums are updated in place);
-  `update` and `train_step` donate the params and optimizer state they replace, so XLA writes
-  the new state into the old buffers instead of allocating a second copy, and the new params
-  are republished to `engine.model` right after the call. `update` also takes the accumulator,
-  whose gradient sums no output of the update can be aliased to (its parameter-sized outputs
-  are the new params and moments, aliased to the old), so JAX drops their donation and they
-  stay allocated until the update ends. That never sets the split engine's peak: the update
-  holds params + optimizer state + accumulator, which every fwd/bwd also holds (the optimizer
-  state beside it) on top of its activations. The fwd/bwd kernels never donate params:
-  `engine.model` must stay usable between micro-batches, and a donated buffer may be aliased
-  to any output of its shape, which the gradients all have. The step counter is not donated:
-  it is the throttler's marker for that step;
+  `update` and `train_step` donate the params and optimizer state they replace, so XLA
+  writes the new state into the old buffers instead of allocating a second copy, and the new
+  params are republished to `engine.model` right after the call. `update` also takes the
+  accumulator, whose gradient sums no output of the update can be aliased to (its
+  parameter-sized outputs are the new params and moments, aliased to the old), so JAX drops
+  their donation and they stay allocated until the update ends. That never sets the split
+  engine's peak: the update holds params + optimizer state + accumulator, which every fwd/bwd
+  also holds (the optimizer state beside it) on top of its activations. The fwd/bwd kernels
+  never donate params: `engine.model` must stay usable between micro-batches, and a donated
+  buffer may be aliased to any output of its shape, which the gradients all have. The step
+  counter is not donated: it is the throttler's marker for that step;
 - the model graph is split once per compile; afterwards kernel outputs are republished to
   `engine.model` with `nnx.update` instead of re-splitting the graph every step;
 - at GA > 1 the first fwd_bwd of a step also returns the compute-dtype copies of the

@@ -46,12 +46,14 @@ def copies(params, casts: Casts) -> tuple[jax.Array, ...]:
                  if d is not None)
 
 
-def with_copies(params, cast: tuple[jax.Array, ...], casts: Casts):
-    """`params` with each leaf `casts` names replaced by its copy from `cast` (same tree)."""
+def with_copies(params, cast: tuple[jax.Array, ...], casts: Casts, *, through: bool = False):
+    """`params` with each leaf `casts` names replaced by its copy from `cast` (same tree);
+    `through`: read through it (`read_copy`: the copy's value, the leaf's gradient)."""
     leaves, treedef = jax.tree.flatten(params)
     found = iter(cast)
-    return jax.tree.unflatten(treedef, [p if d is None else next(found)
-                                        for p, d in zip(leaves, casts, strict=True)])
+    return jax.tree.unflatten(treedef, [
+        p if d is None else read_copy(p, next(found)) if through else next(found)
+        for p, d in zip(leaves, casts, strict=True)])
 
 
 def copy_shapes(params, shardings, casts: Casts) -> tuple[jax.ShapeDtypeStruct, ...]:
@@ -86,12 +88,3 @@ def _read_copy_bwd(_, cotangent):
 
 
 read_copy.defvjp(_read_copy_fwd, _read_copy_bwd)
-
-
-def reading_copies(params, cast: tuple[jax.Array, ...], casts: Casts):
-    """`params` with each leaf `casts` names read through its copy (`read_copy`): the values
-    of `with_copies`, the gradients of `params` itself."""
-    leaves, treedef = jax.tree.flatten(params)
-    found = iter(cast)
-    return jax.tree.unflatten(treedef, [p if d is None else read_copy(p, next(found))
-                                        for p, d in zip(leaves, casts, strict=True)])
