@@ -223,6 +223,8 @@ def _shape_rows(frame: pd.DataFrame, label: str, group: pd.DataFrame, baseline_a
     group = group.sort_values("median_ms", kind="stable")
     leader, why = fastest(frame, group, baseline_arm)
     rows, notes = [], [f"{label}: " + (f"fastest **{leader}** ({why})" if leader else why)]
+    leader_ms = next((o["median_ms"] for _, o in group.iterrows() if arm_label(o) == leader),
+                     None)
     for _, r in group.iterrows():
         ratio, verdict = speedup_text(frame, r, baseline_arm)
         if is_baseline(frame, r, baseline_arm):
@@ -231,8 +233,6 @@ def _shape_rows(frame: pd.DataFrame, label: str, group: pd.DataFrame, baseline_a
         arm = f"**{arm_label(r)}** (fastest)" if arm_label(r) == leader else arm_label(r)
         rows.append((label, arm, f"{r['median_ms']:.1f}", ratio,
                      "; ".join(v for v in (verdict, caveat) if v)))
-        leader_ms = next((o["median_ms"] for _, o in group.iterrows()
-                          if arm_label(o) == leader), None)
         if leader and r["median_ms"] < leader_ms:
             why_not = ("fails gradient parity" if fails_parity(r) else
                        f"does {caveat.removesuffix('; not comparable work')}")

@@ -44,6 +44,9 @@ through our decoder's plain computation (XLA attention, whole logits) whatever t
 SOURCES = ("engine/model", "arms/workload", "arms/spec.py")
 """The code a reference is computed by, relative to the repository: its digest is in the key."""
 SEPARATOR = "/"
+OPTIONAL = ("mean_of_means", "exact32")
+"""The Entry fields an entry may hold or not, each kept as `<field>.npz` where it does, and
+`meta.json` saying which it holds."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -141,19 +144,16 @@ class ReferenceStore:
             meta = json.loads((path / "meta.json").read_text())
             with np.load(path / "gradient.npz") as flat:
                 gradient = _unflatten(flat)
-            means = exact32 = None
-            if meta.get("mean_of_means"):
-                with np.load(path / "mean_of_means.npz") as flat:
-                    means = _unflatten(flat)
-            if meta.get("exact32"):
-                with np.load(path / "exact32.npz") as flat:
-                    exact32 = _unflatten(flat)
+            optional = {}
+            for name in OPTIONAL:
+                if meta.get(name):
+                    with np.load(path / f"{name}.npz") as flat:
+                        optional[name] = _unflatten(flat)
         except (FileNotFoundError, NotADirectoryError):
             return None
         os.utime(path / "meta.json")  # most recently used
-        return Entry(loss=meta["loss"], gradient=gradient, mean_of_means=means,
-                     exact32=exact32, floor_rel_l2=meta["floor_rel_l2"],
-                     computed_s=meta["computed_s"])
+        return Entry(loss=meta["loss"], gradient=gradient, floor_rel_l2=meta["floor_rel_l2"],
+                     computed_s=meta["computed_s"], **optional)
 
     def write(self, key: str, entry: Entry) -> None:
         """Stores `entry` under `key` whole, then evicts the least recently used entries
@@ -162,15 +162,13 @@ class ReferenceStore:
         tmp = Path(tempfile.mkdtemp(prefix=".writing-", dir=self.root))
         try:
             np.savez(tmp / "gradient.npz", **_flatten(entry.gradient))
-            if entry.mean_of_means is not None:
-                np.savez(tmp / "mean_of_means.npz", **_flatten(entry.mean_of_means))
-            if entry.exact32 is not None:
-                np.savez(tmp / "exact32.npz", **_flatten(entry.exact32))
+            for name in OPTIONAL:
+                if getattr(entry, name) is not None:
+                    np.savez(tmp / f"{name}.npz", **_flatten(getattr(entry, name)))
             (tmp / "meta.json").write_text(json.dumps({
                 "loss": entry.loss, "floor_rel_l2": entry.floor_rel_l2,
                 "computed_s": entry.computed_s, "written": time.time(),
-                "mean_of_means": entry.mean_of_means is not None,
-                "exact32": entry.exact32 is not None}))
+                **{name: getattr(entry, name) is not None for name in OPTIONAL}}))
             _flush(tmp)
             with contextlib.suppress(OSError):  # another cell wrote it first: theirs stands
                 tmp.rename(self.root / key)

@@ -31,6 +31,13 @@ def planted_shape(table_shape: tuple[int, int], gflop: float) -> tuple[int, int,
     return rows, width, max(1, math.ceil(gflop * 1e9 / (2 * rows * width * width)))
 
 
+def planted_table(params):
+    """The leaf the plant slices its matmuls from: the largest matrix (the embedding)."""
+    import jax
+
+    return max((x for x in jax.tree.leaves(params) if x.ndim == 2), key=lambda x: x.size)
+
+
 def planted_step(native_step, gflop: float):
     """`native_step` (arms.native's) with the planted matmuls after it (module docstring)."""
     import jax
@@ -39,7 +46,7 @@ def planted_step(native_step, gflop: float):
     def step(graph, loss_fn, tx, clip, params, rest, opt_state, batches, **options):
         params, rest, opt_state, loss = native_step(graph, loss_fn, tx, clip, params, rest,
                                                     opt_state, batches, **options)
-        table = max((x for x in jax.tree.leaves(params) if x.ndim == 2), key=lambda x: x.size)
+        table = planted_table(params)
         rows, width, count = planted_shape(table.shape, gflop)
         table = jax.lax.stop_gradient(table).astype(jnp.bfloat16)
         x, w = table[:rows, :width], table[:width, :width]

@@ -7,7 +7,7 @@ import numpy as np
 import arms.native
 from arms.registry import make_arm
 from arms.spec import CellSpec
-from tests.harness.device_plant import planted_shape, planted_step
+from tests.harness.device_plant import planted_shape, planted_step, planted_table
 
 SPEC = CellSpec(preset="tiny", seq=32, batch=4, ga=2, ragged=(40, 8))
 
@@ -39,8 +39,7 @@ def test_the_planted_step_costs_its_matmuls_more_and_computes_the_same(monkeypat
     gflop = 0.05
     base_flops, base_state, base_loss = _step_cost_and_state(monkeypatch, None)
     flops, state, loss = _step_cost_and_state(monkeypatch, gflop)
-    table = max((x for x in jax.tree.leaves(base_state) if x.ndim == 2), key=lambda x: x.size)
-    rows, width, count = planted_shape(table.shape, gflop)
+    rows, width, count = planted_shape(planted_table(base_state).shape, gflop)
     matmuls = count * 2 * rows * width * width
     # the matmuls, plus elementwise work XLA's cost model counts per element of x: each
     # tanh (a few FLOPs), the cast and the final sum; at most 4 an element a matmul (at
