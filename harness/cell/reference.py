@@ -68,19 +68,23 @@ def parity_section(spec, gradient, first_loss: float, trainer_denominator: float
     (Arm.trainer_denominator; every step of a cell runs the same micro-batches, so any
     step's is the first's)."""
     from arms.workload import data_digest, denominators, rel_l2
-    from arms.workload.reference import norms, relative
+    from arms.workload.reference import distances, relative
 
     started = time.perf_counter()
     batches = spec.micro_batches(0)
     dens = denominators(batches, spec.loss_fn())
     entry, stored = exact_reference(spec, batches)
     reference_s = time.perf_counter() - started
-    grad_l2, exact_l2, diff_l2 = norms(gradient, entry.gradient)
-    mean_of_means = predicted = None
+    # One pass over the gradient for every reference it is measured against.
+    others = [x for x in (entry.mean_of_means, entry.exact32) if x is not None]
+    grad_l2, ((exact_l2, diff_l2), *found) = distances(gradient, [entry.gradient, *others])
+    rels = iter([relative(diff, norm) for norm, diff in found])
+    mean_of_means = predicted = float32 = None
     if entry.mean_of_means is not None:
-        mean_of_means = rel_l2(gradient, entry.mean_of_means)
+        mean_of_means = next(rels)
         predicted = rel_l2(entry.mean_of_means, entry.gradient)
-    float32 = None if entry.exact32 is None else rel_l2(gradient, entry.exact32)
+    if entry.exact32 is not None:
+        float32 = next(rels)
     return Parity(
         data_digest=data_digest(batches), denominators=dens, denominator=sum(dens),
         trainer_denominator=trainer_denominator, loss=first_loss, exact_loss=entry.loss,

@@ -75,6 +75,7 @@ class Run(Command):
         parser.add_argument("--distributed-auto", action="store_true",
                             help="let jax.distributed detect the cluster (e.g. Cloud TPU)")
         parser.add_argument("--run-id", help="name of the results file (default: a timestamp)")
+        _time_limit_argument(parser)
         parser.add_argument("--strict-parity", action="store_true",
                             help="exit 1 when a cell fails gradient parity too (default: only "
                                  "when a cell fails to run)")
@@ -98,6 +99,7 @@ class Run(Command):
         from harness.jobs import run as run_job
         from reports import viewers
 
+        deadline = _deadline(args)
         distributed = _distributed(args)
         wanted = request(args, args.out)
         options = check(wanted, processes=args.num_processes or 1,
@@ -106,7 +108,7 @@ class Run(Command):
             wanted, options, processes=args.num_processes or 1, run_id=args.run_id,
             distributed=distributed, pairing=args.pairing, slices=args.slices,
             alongside=_selftest if args.selftest and not args.process_id else None,
-            watch=Progress())
+            deadline=deadline, watch=Progress())
         parity_failed = [r for r in records if console.parity_failed(r)]
         code = 0 if all(r.ok or r.unavailable for r in records) and not (
             args.strict_parity and parity_failed) else 1
@@ -121,7 +123,28 @@ class Run(Command):
                   "are not comparable work)" + ("" if args.strict_parity else
                                                 "; --strict-parity makes that exit 1"))
         print(f"\nrecords: {path}")
+        if deadline is not None and deadline.cut:
+            print(deadline.summary())
+            from harness.jobs.deadline import CUT
+
+            return code or CUT
         return code
+
+
+def _time_limit_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--time-limit", type=float, metavar="SECONDS",
+                        help="start no cell expected (by the longest earlier record of its "
+                             "arm and shape, else arm, in the results directory) to end past "
+                             "SECONDS from the command's start: a host's limit stops the "
+                             "run between cells; exit 3, and the same command with the "
+                             "same --run-id runs the rest")
+
+
+def _deadline(args):
+    """The Deadline of --time-limit, counted from now; None without one."""
+    from harness.jobs.deadline import Deadline
+
+    return None if args.time_limit is None else Deadline(args.time_limit)
 
 
 class Plan(Command):
@@ -246,6 +269,7 @@ class Nightly(Command):
                                  "the id of a night cut short (a time limit, a signal) "
                                  "resumes it: only the cells it has not recorded run, then "
                                  "the whole night is judged")
+        _time_limit_argument(parser)
         add_dirty_argument(parser)
 
     @classmethod
@@ -253,6 +277,7 @@ class Nightly(Command):
         from harness.jobs import nightly
         from harness.jobs import plan as plan_job
 
+        deadline = _deadline(args)
         wanted = request(args, args.history)
         options, threshold, report_dir = nightly.prepare(
             wanted, threshold=args.threshold, report=args.report, publish_to=args.publish,
@@ -263,7 +288,7 @@ class Nightly(Command):
         code, text = nightly.nightly(wanted, options, threshold=threshold,
                                      report_dir=report_dir, target=target,
                                      publish_to=args.publish, run_id=args.run_id,
-                                     watch=Progress())
+                                     deadline=deadline, watch=Progress())
         print(text)
         return code
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from harness.grid import suites
 from harness.jobs import plan as plan_job
 from harness.jobs import run as run_job
+from harness.jobs.deadline import CUT, Deadline
 from harness.jobs.explain import cell_change
 from harness.jobs.grid import Request, Watch, check, quiet
 from harness.store import results
@@ -51,12 +52,19 @@ def prepare(request: Request, *, threshold: float | None, report: Path | None,
 
 def nightly(request: Request, options: dict, *, threshold: float | None, report_dir: Path,
             target: dict | None = None, publish_to: Path | None = None,
-            run_id: str | None = None, watch: Watch = quiet) -> tuple[int, str]:
+            run_id: str | None = None, deadline: Deadline | None = None,
+            watch: Watch = quiet) -> tuple[int, str]:
     """`parity nightly`: (exit code, the nightly's markdown) of the grid run into the
     history, then with a `target` every cell planned for it, judged against the history.
     A night given the `run_id` of one cut short (a host's time limit, a signal) runs only
-    the cells that night has not recorded, then judges every record of the night."""
-    path, records = run_job.run(request, options, run_id=run_id, watch=watch)
+    the cells that night has not recorded, then judges every record of the night. A night
+    its `deadline` stopped before its last cell is not judged (a part of a night would
+    compare fewer rounds than the history's nights): exit 3 and how to resume it."""
+    path, records = run_job.run(request, options, run_id=run_id, deadline=deadline,
+                                watch=watch)
+    if deadline is not None and deadline.cut:
+        return CUT, (f"{deadline.summary()}; the night is judged when it is whole "
+                     f"({len(records)} cells recorded by this command, in {path})")
     if run_id is not None:  # the night's records from before the cut too
         records = [r for r in codec.read(path) if r.run_id == run_id]
     if target is not None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from harness.contract import IN_PROCESS, PROCESSES, CellRun
 from harness.grid import options as grid_options
+from harness.jobs.deadline import Deadline
 from harness.jobs.grid import Grid, OnRecord, OnStart, Request, Watch, quiet, traced
 from harness.orchestrator.executors import CellProcesses, NotRun, PairedProcesses, groups
 from harness.orchestrator.loop import Sink, Slot, run_tasks, schedule
@@ -22,7 +23,8 @@ def run_grid(cells: Sequence[CellRun], out: str | Path, *, env: dict[str, str],
              distributed: dict | None = None, alongside: Callable[[], None] | None = None,
              jobs: int = 1, prefork: bool = True, on_start: OnStart | None = None,
              on_record: OnRecord | None = None,
-             unrun: Sequence[tuple[CellRun, str]] = ()) -> tuple[Path, list[Record]]:
+             unrun: Sequence[tuple[CellRun, str]] = (),
+             deadline: Deadline | None = None) -> tuple[Path, list[Record]]:
     """(results path, new records): every cell `rounds` times, interleaved
     (harness.orchestrator.loop.schedule), each in a process of its own, forked from its
     arm's zygote where `prefork`; records appended to OUT/<run id>[-<suite>].jsonl as they
@@ -32,7 +34,8 @@ def run_grid(cells: Sequence[CellRun], out: str | Path, *, env: dict[str, str],
     `alongside` runs while the zygotes import (`--selftest`); `jobs` > 1 plans that many
     cells side by side (plans only: a timed cell's figures would measure the other cells
     too). The `unrun` cells (an arm this environment cannot run, and why) are recorded first,
-    once each, as not run (no process)."""
+    once each, as not run (no process). A `deadline` (harness.jobs.deadline) may decline
+    the cells it expects to end past its limit: they are not run and leave no record."""
     if jobs > 1 and not all(c.plan_target for c in cells):
         raise ValueError(f"--jobs {jobs}: only plans run side by side; a timed cell runs "
                          "alone (its figures would measure the other cells too)")
@@ -46,8 +49,12 @@ def run_grid(cells: Sequence[CellRun], out: str | Path, *, env: dict[str, str],
         records = _record_unrun(unrun, sink, on_record)
         tasks = [(Slot(traced(cell, run_id, round_index), round_index, index, sink),)
                  for round_index, index, cell in schedule(cells, rounds)]
+        keep = None
+        if deadline is not None:
+            deadline.learn_dir(sink.path.parent, (environment or {}).get("backend"))
+            keep, on_record = deadline.keep, deadline.learning(on_record)
         records += run_tasks(tasks, executor, jobs=jobs, on_start=on_start,
-                             on_record=on_record)
+                             on_record=on_record, keep=keep)
     return sink.path, records
 
 
@@ -95,13 +102,17 @@ def run_paired(grid: Grid, slices: int, *, on_start: OnStart | None = None,
 
 def run(request: Request, options: dict, *, processes: int = 1, run_id: str | None = None,
         distributed: dict | None = None, alongside: Callable[[], None] | None = None,
-        pairing: str = PROCESSES, slices: int = 8,
+        pairing: str = PROCESSES, slices: int = 8, deadline: Deadline | None = None,
         watch: Watch = quiet) -> tuple[Path, list[Record]]:
     """`parity run`: the grid of `options` (checked by harness.jobs.grid.check) run with
     `pairing`, its progress shown through `watch`; (results path, new records)."""
     if pairing == IN_PROCESS and (distributed or alongside):
         raise ValueError("--pairing in-process runs on one host without --selftest; "
                          "drop --num-processes/--distributed-auto and --selftest")
+    if deadline is not None and (pairing == IN_PROCESS or distributed):
+        raise ValueError("--time-limit stops a run between the cells of one host's "
+                         "processes: drop it, or --pairing in-process / the multi-process "
+                         "options")
     grid = Grid(request, options, processes=processes, run_id=run_id)
     total = len(grid.cells) * grid.rounds + len(grid.unrun) - grid.recorded()
     with watch(grid, total) as (on_start, on_record):
@@ -109,7 +120,7 @@ def run(request: Request, options: dict, *, processes: int = 1, run_id: str | No
             return run_paired(grid, slices, on_start=on_start, on_record=on_record)
         return run_cells(grid, distributed=distributed, alongside=alongside,
                          prefork=prefork_on(grid.environment), on_start=on_start,
-                         on_record=on_record)
+                         on_record=on_record, deadline=deadline)
 
 
 def prefork_on(environment: dict) -> bool:

@@ -32,3 +32,35 @@ def test_norms_refuse_trees_of_different_leaves():
         norms({"a": np.zeros(2)}, {"a": np.zeros(2), "b": np.zeros(2)})
     with pytest.raises(ValueError, match="leaf shapes differ"):
         norms({"a": np.zeros(2)}, {"a": np.zeros(3)})
+
+
+def test_distances_to_several_references_are_each_pair_s_norms_whatever_the_threads(
+        monkeypatch):
+    """One pass over `a` against three references: each pair's figures equal numpy's
+    float64 norms of the concatenated vectors (a second count) to the bound `distances`
+    states, and equal to the bit
+    whether the chunks are summed in one thread or eight (sums added in chunk order)."""
+    import arms.workload.reference as reference
+    from arms.workload.reference import distances
+
+    rng = np.random.default_rng(1)
+    shape = (2, CHUNK // 2 + 5)
+    a = {"w": rng.standard_normal(shape, dtype=np.float32), "b": rng.standard_normal(9)}
+    refs = [{k: v + rng.standard_normal(v.shape).astype(v.dtype) * scale
+             for k, v in a.items()} for scale in (1e-3, 1e-2, 1.0)]
+
+    def flat(tree):
+        return np.concatenate([tree[k].astype(np.float64).ravel() for k in ("w", "b")])
+
+    norm_a, found = distances(a, refs)
+    assert norm_a == pytest.approx(np.linalg.norm(flat(a)), rel=1e-12)
+    for (norm_r, diff), ref in zip(found, refs, strict=True):
+        assert norm_r == pytest.approx(np.linalg.norm(flat(ref)), rel=1e-12)
+        # The difference is taken in float32: exact where two elements are within a factor
+        # 2 of each other (the two nearer references), else within 2^-24 of itself.
+        assert diff == pytest.approx(np.linalg.norm(flat(a) - flat(ref)), rel=2**-24)
+    assert found[0][1] == pytest.approx(np.linalg.norm(flat(a) - flat(refs[0])), rel=1e-12)
+    monkeypatch.setattr(reference, "THREADS", 1)
+    assert distances(a, refs) == (norm_a, found)
+    with pytest.raises(ValueError, match="leaf shapes differ"):
+        distances(a, [refs[0], {"w": a["w"], "b": np.zeros(3)}])

@@ -146,3 +146,41 @@ def test_the_float32_reference_of_a_bfloat16_cell_reuses_its_weights(monkeypatch
     assert not stored and programs.count("jit(init)") == 1, programs
     assert programs.count("jit(summed)") == 2  # the default and the highest precision
     assert 1e-4 < entry.floor_rel_l2 < 1e-1
+
+
+def test_a_check_reads_the_gradient_once_however_many_references(monkeypatch, tmp_path):
+    """Ragged bfloat16 work has three references (sum/sum, the mean of means, exact
+    float32): the check makes each chunk of the arm's gradient float64 once, not once a
+    reference (0.6 B parameters on the TPU v5e host), and its figures are each pair's."""
+    import numpy as np
+
+    import arms.workload.reference as reference
+
+    monkeypatch.setenv("PARITY_REFERENCE_DIR", str(tmp_path))
+    bf16 = dataclasses.replace(SPEC, dtype="bfloat16")
+    batches = bf16.micro_batches(0)
+    gradient = jax.device_get(_exact(bf16, batches, "highest"))  # on the host, as an arm's
+    parity_section(bf16, gradient, first_loss=1.0, trainer_denominator=None)  # computes
+    made = []
+    real = reference._chunk
+    monkeypatch.setattr(reference, "_chunk",
+                        lambda leaf, start: made.append((id(leaf), start)) or real(leaf, start))
+    section = parity_section(bf16, gradient, first_loss=1.0, trainer_denominator=None)
+    assert section.reference_shared
+    leaves = [np.asarray(x) for x in jax.tree.leaves(gradient)]
+    of_gradient = [key for key in made if key[0] in {id(x) for x in leaves}]
+    assert len(of_gradient) == len(set(of_gradient)) == sum(
+        -(-x.size // reference.CHUNK) for x in leaves)
+    stored = reference_store_entry(tmp_path)
+    assert section.mean_of_means_rel_l2 == rel_l2(gradient, stored.mean_of_means)
+    assert section.float32_rel_l2 == rel_l2(gradient, stored.exact32)
+    assert section.rel_l2 == rel_l2(gradient, stored.gradient)
+
+
+def reference_store_entry(root):
+    """The one entry of the reference store at `root`."""
+    from harness.cell.reference_store import ReferenceStore
+
+    store = ReferenceStore(root)
+    (entry,) = store.entries()
+    return store.read(entry[2].name)
