@@ -75,16 +75,16 @@ def parity_section(spec, gradient, first_loss: float, trainer_denominator: float
     dens = denominators(batches, spec.loss_fn())
     entry, stored = exact_reference(spec, batches)
     reference_s = time.perf_counter() - started
-    # One pass over the gradient for every reference it is measured against.
-    others = [x for x in (entry.mean_of_means, entry.exact32) if x is not None]
-    grad_l2, ((exact_l2, diff_l2), *found) = distances(gradient, [entry.gradient, *others])
-    rels = iter([relative(diff, norm) for norm, diff in found])
-    mean_of_means = predicted = float32 = None
-    if entry.mean_of_means is not None:
-        mean_of_means = next(rels)
-        predicted = rel_l2(entry.mean_of_means, entry.gradient)
-    if entry.exact32 is not None:
-        float32 = next(rels)
+    # One pass over the gradient for every reference the entry holds.
+    held = {name: tree for name, tree in (("exact", entry.gradient),
+                                          ("mean_of_means", entry.mean_of_means),
+                                          ("exact32", entry.exact32)) if tree is not None}
+    grad_l2, found = distances(gradient, list(held.values()))
+    (exact_l2, diff_l2), away = found[0], dict(zip(held, found, strict=True))
+    rels = {name: relative(diff, norm) for name, (norm, diff) in away.items()}
+    mean_of_means, float32 = rels.get("mean_of_means"), rels.get("exact32")
+    predicted = (None if entry.mean_of_means is None
+                 else rel_l2(entry.mean_of_means, entry.gradient))
     return Parity(
         data_digest=data_digest(batches), denominators=dens, denominator=sum(dens),
         trainer_denominator=trainer_denominator, loss=first_loss, exact_loss=entry.loss,

@@ -97,6 +97,7 @@ class Run(Command):
     def run(cls, args):
         from harness.cli import console
         from harness.jobs import run as run_job
+        from harness.jobs.deadline import CUT
         from reports import viewers
 
         deadline = _deadline(args)
@@ -125,8 +126,6 @@ class Run(Command):
         print(f"\nrecords: {path}")
         if deadline is not None and deadline.cut:
             print(deadline.summary())
-            from harness.jobs.deadline import CUT
-
             return code or CUT
         return code
 

@@ -39,7 +39,6 @@ class Deadline:
         self.walls: dict[tuple, float] = {}
         """The longest wall seen per (arm, cell hash or None, checks parity)."""
         self.declined: list[Task] = []
-        self.first_expected_s: float | None = None
 
     def learn(self, records: Iterable[Record]) -> None:
         """Takes each ok record's wall time as what its kind of cell takes."""
@@ -90,7 +89,6 @@ class Deadline:
             expected = self.expected_s(task)
             if expected is None or expected <= self.left_s():
                 return True
-            self.first_expected_s = expected
         self.declined.append(task)
         return False
 
@@ -100,10 +98,11 @@ class Deadline:
 
     def summary(self) -> str:
         """One line: what was not started, why, and how to resume."""
-        (first, *_), run_id = self.declined[0], self.declined[0][0].sink.run_id
+        first = self.declined[0][0]
         name = cell_name(first.cell.arm, section(Spec, first.cell.spec)) + (
             f" round {first.round}" if first.round else "")
+        expected = self.expected_s(self.declined[0])
         return (f"parity: --time-limit {self.limit_s:g} s: {len(self.declined)} cells not "
-                f"started (the next, {name}, is expected to take {self.first_expected_s:.0f} "
-                f"s, {max(self.left_s(), 0):.0f} s were left); the same command with "
-                f"--run-id {run_id} runs them")
+                f"started (the next, {name}, is expected to take {expected:.0f} s, "
+                f"{max(self.left_s(), 0):.0f} s were left); the same command with "
+                f"--run-id {first.sink.run_id} runs them")

@@ -216,13 +216,12 @@ class Grid:
         return (f"on {self.environment['backend']} ({self.environment['device_count']} x "
                 f"{self.environment['device_kind']})")
 
-    def recorded(self, rounds: int | None = None) -> int:
-        """Slots of this grid (each cell's `rounds`, default the grid's; each unrun cell's
-        one record) its results file already holds under its run id: what a resumed run
-        skips. Records of other cells under the same id (another shape or arm run into the
-        same file) are not this grid's and are not counted."""
-        rounds = self.rounds if rounds is None else rounds
-        slots = {(c.arm, cell_hash(c.spec), r) for c in self.cells for r in range(rounds)}
+    def recorded(self) -> int:
+        """Slots of this grid (each cell's rounds, each unrun cell's one record) its results
+        file already holds under its run id: what a resumed run skips. Records of other
+        cells under the same id (another shape or arm run into the same file) are not this
+        grid's and are not counted."""
+        slots = {(c.arm, cell_hash(c.spec), r) for c in self.cells for r in range(self.rounds)}
         slots |= {(c.arm, cell_hash(c.spec), 0) for c, _ in self.unrun}
         return len(slots & recorded(self.path, self.run_id))
 
