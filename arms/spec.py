@@ -73,7 +73,7 @@ class CellSpec:
     """Decoder option remat."""
     attention: str = "xla"
     """Decoder option attention: "xla", "splash" (JAX's Pallas kernel) or "auto" (splash on a
-    TPU from seq 4096 up, xla elsewhere); other models run their own attention."""
+    TPU from seq 2048 up, xla elsewhere); other models run their own attention."""
     attention_block_q: int = 512
     """Decoder option attention_block_q: query rows per block of the attention kernel."""
     attention_block_kv: int = 1024

@@ -32,13 +32,16 @@ KERNELS = ("splash",)
 AUTO_KERNEL = "splash"
 """The kernel `attention="auto"` picks where a kernel wins."""
 
-AUTO_KERNEL_MIN_SEQ = 4096
-"""`attention="auto"` runs AUTO_KERNEL on a TPU from this sequence length up. From the chip's
-measurements of one qwen3-0.6b layer (16 query heads, 8 kv heads, head dim 128, bf16, causal,
-forward + backward; issue 69, docs/tpu-v5e.md): at seq 4096 splash with 512-row q blocks and
-1024-column kv blocks took 3.77 ms against the XLA path's 7.35-7.44 ms; at seq 1024 no kernel
-beat XLA (1.47-1.49 against 1.39-1.45 ms). Lengths between were not measured, so the
-threshold is the shortest length where the kernel was seen to win."""
+AUTO_KERNEL_MIN_SEQ = 2048
+"""`attention="auto"` runs AUTO_KERNEL on a TPU from this sequence length up: the shortest
+length where the kernel was measured to win. The chip's measurements of one qwen3-0.6b layer
+(16 query heads, 8 kv heads, head dim 128, bf16, causal, forward + backward; `parity kernels`
+on one TPU v5e, docs/results/tpu-v5e/h2h73/kernels*.md), splash with 512-row q blocks and
+1024-column kv blocks against the XLA path, median of 20: seq 4096 3.55-3.77 against
+7.35-7.44 ms; seq 2048 1.73 against 2.54 ms at one row and 2.70 against 4.30 at two (each
+kernel run faster than every XLA run); seq 1024 at two rows 1.42-1.49 against 1.39-1.50, the
+runs of both overlapping: no win measured there. Lengths between 1024 and 2048 were not
+measured."""
 
 AUTO_PLATFORMS = ("tpu",)
 """Platforms where `attention="auto"` may pick a kernel (elsewhere it runs in interpret mode)."""

@@ -54,7 +54,7 @@ class DecoderConfig:
     """Attention implementation: "xla" (einsums over the [B, L, S] mask), "splash" (JAX's
     Pallas splash kernel: compiled on a TPU, in Pallas interpret mode elsewhere, which is
     slow and meant for tests), or "auto": splash on a TPU from
-    engine.model.attention.AUTO_KERNEL_MIN_SEQ (4096) positions up where the block sizes
+    engine.model.attention.AUTO_KERNEL_MIN_SEQ (2048) positions up where the block sizes
     divide the length, xla everywhere else. "xla" stays the default until the chip's A/B
     decides (docs/tpu-v5e.md)."""
     attention_block_q: int = 512

@@ -106,7 +106,7 @@ def add_decoder_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention", choices=list(ATTENTION_KINDS),
                         help="our decoder's attention: xla (default), splash (JAX's Pallas "
                              "kernel; interpret mode off a TPU: slow) or auto (splash on a "
-                             "TPU from seq 4096 up, xla elsewhere)")
+                             "TPU from seq 2048 up, xla elsewhere)")
     parser.add_argument("--attention-block-q", type=int,
                         help="query rows per attention-kernel block (default 512)")
     parser.add_argument("--attention-block-kv", type=int,
