@@ -16,11 +16,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.contract import CellRun, cell_hash
+from harness.contract import CellRun
 from harness.grid import options as grid_options
 from harness.grid.expand import expand
 from harness.orchestrator.environment import cell_environment
-from harness.orchestrator.loop import recorded
+from harness.orchestrator.loop import recorded, slot_key
 from harness.store import results
 from harness.store.layout import OutDir, cell_path, check_run_id, new_run_id
 from harness.system import git
@@ -221,8 +221,8 @@ class Grid:
         file already holds under its run id: what a resumed run skips. Records of other
         cells under the same id (another shape or arm run into the same file) are not this
         grid's and are not counted."""
-        slots = {(c.arm, cell_hash(c.spec), r) for c in self.cells for r in range(self.rounds)}
-        slots |= {(c.arm, cell_hash(c.spec), 0) for c, _ in self.unrun}
+        slots = {slot_key(c, r) for c in self.cells for r in range(self.rounds)}
+        slots |= {slot_key(c, 0) for c, _ in self.unrun}
         return len(slots & recorded(self.path, self.run_id))
 
 

@@ -99,15 +99,16 @@ def schedule(cells: Sequence[CellRun], rounds: int) -> list[tuple[int, int, Cell
 
 
 def recorded(path: Path, run_id: str) -> set[tuple]:
-    """(arm, cell hash, round) of every cell `path` already holds a record of under
+    """The `slot_key` of every cell and round `path` already holds a record of under
     `run_id`: a run resumed with the same --run-id skips them."""
     if not path.exists():
         return set()
     return {(r.arm, r.config_hash, r.round) for r in codec.read(path) if r.run_id == run_id}
 
 
-def _slot_key(slot: Slot) -> tuple:
-    return slot.cell.arm, cell_hash(slot.cell.spec), slot.round
+def slot_key(cell: CellRun, round_index: int) -> tuple:
+    """(arm, cell hash, round): what names a cell's round in a results file (`recorded`)."""
+    return cell.arm, cell_hash(cell.spec), round_index
 
 
 def stamp(record: Record, slot: Slot, pairing: list[str] | None = None) -> None:
@@ -148,7 +149,7 @@ def run_tasks(tasks: Sequence[Task], executor: Executor, *, jobs: int = 1,
     sinks = list({id(slot.sink): slot.sink for task in tasks for slot in task}.values())
     done = {id(s): recorded(s.path, s.run_id) for s in sinks}
     pending = [task for task in tasks
-               if not all(_slot_key(slot) in done[id(slot.sink)] for slot in task)]
+               if not all(slot_key(slot.cell, slot.round) in done[id(slot.sink)] for slot in task)]
     finished: list[tuple[int, list[Record]]] = []
     one_at_a_time = threading.Lock()  # the files, the callbacks, the executor's tables
 
@@ -166,7 +167,7 @@ def run_tasks(tasks: Sequence[Task], executor: Executor, *, jobs: int = 1,
         with one_at_a_time:
             new = []
             for slot, record in zip(task, found, strict=True):
-                if _slot_key(slot) in done[id(slot.sink)]:
+                if slot_key(slot.cell, slot.round) in done[id(slot.sink)]:
                     continue  # recorded before a stop: kept, not recorded twice
                 stamp(record, slot, pairing)
                 kept = sum(len(r) for _, r in finished) + len(new)
