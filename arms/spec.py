@@ -81,6 +81,10 @@ class CellSpec:
     logits_chunk: int = 0
     """Decoder option logits_chunk: positions per chunk of the head and the loss's per-token
     statistics (no [B, L, V] float32 logits); 0 = the whole logits at once."""
+    scan_backward: str = "jax"
+    """Decoder option scan_backward: "jax" (the scan's own transpose, its stacked weight
+    gradient zero-filled first) or "unfilled" (written into a buffer never filled; scanned,
+    fully rematerialized blocks)."""
 
     def __post_init__(self):
         if self.batch < 1:
@@ -167,12 +171,12 @@ class CellSpec:
             grpo=self.loss == "grpo")
 
     def to_dict(self) -> dict:
-        """The spec as data; tunix-grpo's options and the decoder's attention and logits_chunk
-        are left out where they keep their defaults, and the attention block sizes where the
-        XLA attention runs (it reads none; a kernel's are always kept), so the data (and the
-        hash) of every other cell is what it always was."""
+        """The spec as data; tunix-grpo's options and the decoder's attention, logits_chunk
+        and scan_backward are left out where they keep their defaults, and the attention
+        block sizes where the XLA attention runs (it reads none; a kernel's are always kept),
+        so the data (and the hash) of every other cell is what it always was."""
         data = dataclasses.asdict(self)
-        for name in (*TUNIX_GRPO_OPTIONS, "attention", "logits_chunk"):
+        for name in (*TUNIX_GRPO_OPTIONS, "attention", "logits_chunk", "scan_backward"):
             if data[name] == _DEFAULTS[name]:
                 del data[name]
         if self.attention == "xla":
@@ -192,7 +196,7 @@ TUNIX_GRPO_OPTIONS = ("loss_agg_mode", "beta", "epsilon", "epsilon_high", "epsil
 """CellSpec fields only the tunix-grpo loss reads."""
 ATTENTION_BLOCKS = ("attention_block_q", "attention_block_kv")
 """CellSpec fields only an attention kernel reads."""
-DECODER_OPTIONS = ("attention", *ATTENTION_BLOCKS, "logits_chunk")
+DECODER_OPTIONS = ("attention", *ATTENTION_BLOCKS, "logits_chunk", "scan_backward")
 """CellSpec fields naming how our decoder computes (the same function either way)."""
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(CellSpec)}
 

@@ -22,6 +22,10 @@ def check_own_computation(config: DecoderConfig, model: str) -> None:
         raise ValueError(f"--logits-chunk {config.logits_chunk} chunks our decoder's head; "
                          f"{model}'s model computes its whole logits: use --logits-chunk 0 "
                          "for its arms")
+    if config.scan_backward != "jax":
+        raise ValueError(f"--scan-backward {config.scan_backward} is how our decoder's layer "
+                         f"scan is differentiated; {model}'s model runs its own: use "
+                         "--scan-backward jax for its arms")
 
 
 def compiled_module(make: Callable[[], nnx.Module], abstract: nnx.Module | None = None

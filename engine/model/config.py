@@ -10,6 +10,8 @@ import jax.numpy as jnp
 
 RematPolicy = Literal["none", "minimal", "full"]
 REMAT_POLICIES: tuple[str, ...] = typing.get_args(RematPolicy)
+ScanBackward = Literal["jax", "unfilled"]
+SCAN_BACKWARDS: tuple[str, ...] = typing.get_args(ScanBackward)
 """Rematerialization per block: nothing, save matmul outputs, or recompute everything."""
 
 AttentionKind = Literal["xla", "splash", "auto"]
@@ -50,6 +52,12 @@ class DecoderConfig:
     """Stack the blocks' parameters on a leading `layers` axis and run them with lax.scan."""
     remat: RematPolicy = "none"
     """Rematerialization per block: "none", "minimal" (save matmul outputs) or "full"."""
+    scan_backward: ScanBackward = "jax"
+    """How the scanned blocks are differentiated: "jax" (the transpose of `jax.lax.scan`,
+    whose stacked weight gradient starts as zeros the layers then overwrite) or "unfilled"
+    (engine.model.layer_scan: the gradient written one layer at a time into a buffer never
+    filled; with scan_layers and remat="full", whose recompute it performs itself). A
+    candidate for the chip to time (issue 74), the same gradient either way."""
     attention: AttentionKind = "xla"
     """Attention implementation: "xla" (einsums over the [B, L, S] mask), "splash" (JAX's
     Pallas splash kernel: compiled on a TPU, in Pallas interpret mode elsewhere, which is
@@ -87,6 +95,13 @@ class DecoderConfig:
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat={self.remat!r}; valid: "
                              f"{', '.join(repr(p) for p in REMAT_POLICIES)}")
+        if self.scan_backward not in SCAN_BACKWARDS:
+            raise ValueError(f"scan_backward={self.scan_backward!r}; valid: "
+                             f"{', '.join(repr(k) for k in SCAN_BACKWARDS)}")
+        if self.scan_backward == "unfilled" and not (self.scan_layers and self.remat == "full"):
+            raise ValueError("scan_backward='unfilled' differentiates scanned blocks by "
+                             "recomputing each one: give scan_layers=True and remat='full' "
+                             f"(got scan_layers={self.scan_layers}, remat={self.remat!r})")
         if self.attention not in ATTENTION_KINDS:
             raise ValueError(f"attention={self.attention!r}; valid: "
                              f"{', '.join(repr(k) for k in ATTENTION_KINDS)}")
@@ -113,9 +128,10 @@ class DecoderConfig:
         return dataclasses.replace(self, **changes)
 
     def plain(self) -> DecoderConfig:
-        """The same function computed the plain way: XLA attention and the whole logits at
-        once (what an exact reference runs, whatever kernel or chunking an arm uses)."""
-        return self.replace(attention="xla", logits_chunk=0)
+        """The same function computed the plain way: XLA attention, the whole logits at once
+        and JAX's own scan transpose (what an exact reference runs, whatever kernel, chunking
+        or backward an arm uses)."""
+        return self.replace(attention="xla", logits_chunk=0, scan_backward="jax")
 
 
 _QWEN3_COMMON = dict(vocab_size=151_936, head_dim=128, num_kv_heads=8,

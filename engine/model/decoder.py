@@ -17,18 +17,20 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, PartitionSpec
 
 from engine.model import precast
 from engine.model.attention import attention, check_blocks, resolve, trace_platform
 from engine.model.config import DecoderConfig
 from engine.model.head import check_chunk, chunked_logprobs, head_logits, logit_stats
+from engine.model.layer_scan import LayerStack, scan_unfilled
 from engine.model.sharding import (
     LOGICAL_AXIS_RULES,
     LogicalRules,
     abstract_on,
     check_fits,
     constrain,
+    logical_names,
     named_shardings,
 )
 
@@ -195,6 +197,23 @@ def _remat(fn, policy: str):
     return jax.checkpoint(fn, policy=saveable)
 
 
+def _scan_unfilled(layers: nnx.Module, x_BxLxD: jax.Array, positions_BxL: jax.Array,
+                   masks: Masking) -> jax.Array:
+    """The stacked blocks run by engine.model.layer_scan (DecoderConfig.scan_backward)."""
+    graph, stacked = nnx.split(layers)
+    leaves, treedef = jax.tree.flatten(stacked)
+    axes = tuple(tuple(spec) for spec in jax.tree.leaves(
+        logical_names(stacked), is_leaf=lambda s: isinstance(s, PartitionSpec)))
+
+    def block(layer, x_BxLxD, consts):
+        positions_BxL, segment_ids_BxL, mask_BxLxS = consts
+        model = nnx.merge(graph, jax.tree.unflatten(treedef, layer))
+        return model(x_BxLxD, positions_BxL, Masking(masks.kind, segment_ids_BxL, mask_BxLxS))
+
+    return scan_unfilled(LayerStack(block, axes), x_BxLxD, leaves,
+                         (positions_BxL, masks.segment_ids, masks.mask))
+
+
 def attention_mask(segment_ids_BxL: jax.Array) -> jax.Array:
     """Causal mask restricted to tokens of the same packed segment: [B, L, S] booleans."""
     length = segment_ids_BxL.shape[1]
@@ -231,7 +250,9 @@ class Decoder(nnx.Module):
             block = nnx.merge(block_graph, block_state)
             return block(x_BxLxD, positions_BxL, masks)
 
-        if c.scan_layers:
+        if c.scan_layers and c.scan_backward == "unfilled":
+            x_BxLxD = _scan_unfilled(self.layers, x_BxLxD, positions_BxL, masks)
+        elif c.scan_layers:
             graph, stacked = nnx.split(self.layers)
             step = _remat(lambda x, layer: (run_block(graph, layer, x), None), c.remat)
             x_BxLxD, _ = jax.lax.scan(step, x_BxLxD, stacked)

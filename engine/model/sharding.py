@@ -149,11 +149,16 @@ def logical_specs(tree):
     return nnx.get_partition_spec(tree)
 
 
+def logical_names(tree):
+    """`logical_specs` of `tree` as logical names whatever rules are in force (what
+    `constrain` and `named_shardings` resolve)."""
+    with core_spmd.logical_axis_rules(()):
+        return logical_specs(tree)
+
+
 def named_shardings(tree, mesh: Mesh, rules: LogicalRules = LOGICAL_AXIS_RULES):
     """NamedShardings on `mesh` for every Variable in `tree`, resolved through `rules`."""
-    with core_spmd.logical_axis_rules(()):  # keep the specs logical; resolve below
-        specs = logical_specs(tree)
-    return linen_spmd.logical_to_mesh_sharding(specs, mesh, rules)
+    return linen_spmd.logical_to_mesh_sharding(logical_names(tree), mesh, rules)
 
 
 def optimizer_shardings(tx, params, param_shardings, mesh: Mesh):

@@ -38,7 +38,7 @@ DEFAULT_BOUND_GB = 16.0
 """The store's default size bound: a qwen3-0.6b reference is 2.4 GB (its float32
 gradient), 4.8 GB with its exact float32 twin (bfloat16 work), so three shapes of it stay."""
 NOT_IN_KEY = ("mesh", "optimizer", "learning_rate", "clip", "attention", "attention_block_q",
-              "attention_block_kv", "logits_chunk")
+              "attention_block_kv", "logits_chunk", "scan_backward")
 """Spec fields a reference does not depend on: it runs on one device, before any update,
 through our decoder's plain computation (XLA attention, whole logits) whatever the arm's."""
 SOURCES = ("engine/model", "arms/workload", "arms/spec.py")

@@ -99,7 +99,7 @@ def _add_device_arguments(parser: argparse.ArgumentParser) -> None:
 def add_decoder_arguments(parser: argparse.ArgumentParser) -> None:
     """The model options: how layers are laid out and rematerialized, and how our decoder
     computes attention and its logits (the same function either way)."""
-    from engine.model.config import ATTENTION_KINDS, REMAT_POLICIES
+    from engine.model.config import ATTENTION_KINDS, REMAT_POLICIES, SCAN_BACKWARDS
 
     parser.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--remat", choices=list(REMAT_POLICIES))
@@ -114,6 +114,11 @@ def add_decoder_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logits-chunk", type=int,
                         help="positions per chunk of our decoder's head and loss (no [B, S, V] "
                              "float32 logits); 0 (default): the whole logits at once")
+    parser.add_argument("--scan-backward", choices=list(SCAN_BACKWARDS),
+                        help="how our decoder's scanned blocks are differentiated: jax "
+                             "(default: the scan's transpose, its stacked weight gradient "
+                             "zero-filled first) or unfilled (written into a buffer never "
+                             "filled; needs --scan-layers --remat full)")
 
 
 def request(args: argparse.Namespace, out: Path):
@@ -131,6 +136,7 @@ def request(args: argparse.Namespace, out: Path):
         "scan_layers": args.scan_layers, "remat": args.remat, "trace": args.trace,
         "attention": args.attention, "attention_block_q": args.attention_block_q,
         "attention_block_kv": args.attention_block_kv, "logits_chunk": args.logits_chunk,
+        "scan_backward": args.scan_backward,
         "trace_hlo": args.trace_hlo, "parity": False if args.no_parity else None,
         "loss_agg_mode": args.loss_agg_mode, "beta": args.beta, "epsilon": args.epsilon,
         "epsilon_high": args.epsilon_high, "epsilon_c": args.epsilon_c,

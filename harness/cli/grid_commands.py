@@ -359,8 +359,9 @@ class AB(Command):
             parser.add_argument(f"--set-{side}", metavar="OPTION=VALUE", action="append",
                                 help=f"side {side.upper()}'s cells with this option of our "
                                      "decoder (attention, attention_block_q, "
-                                     "attention_block_kv, logits_chunk; repeatable): an A/B "
-                                     "of a decoder option, e.g. `parity ab HEAD HEAD "
+                                     "attention_block_kv, logits_chunk, scan_backward; "
+                                     "repeatable): an A/B of a decoder option, e.g. "
+                                     "`parity ab HEAD HEAD "
                                      "--set-a attention=xla` against the grid's")
             parser.add_argument(f"--python-{side}", metavar="PYTHON",
                                 help=f"side {side.upper()}'s cells run in this Python "

@@ -216,22 +216,53 @@ def _users(module: Module, computation: str) -> dict[str, list[Instruction]]:
     return users
 
 
+def _readers(users: dict[str, list[Instruction]], name: str) -> list[tuple[Instruction, str]]:
+    """(instruction, the name it reads) of every reader of `name` in one computation, seen
+    through the bitcasts and reshapes between (which move nothing)."""
+    found = []
+    for user in users.get(name, []):
+        if user.opcode in ("bitcast", "reshape"):
+            found += _readers(users, user.name)
+        else:
+            found.append((user, name))
+    return found
+
+
+def _sliced_bytes(module: Module, computation: str, name: str) -> float | None:
+    """The bytes of `name` (a value of a fused `computation`) its readers read where each
+    reads a slice of it, directly or as the parameter of a fusion nested in this one (XLA
+    fuses a scanned layer's dynamic slice of a stacked weight into the matmul that reads
+    it, as a fusion of its own); None where any reads it whole."""
+    readers = _readers(_users(module, computation), name)
+    if not readers:
+        return None
+    total = 0.0
+    for reader, read in readers:
+        if reader.opcode in ("dynamic-slice", "slice") and reader.operands[0] == read:
+            total += array_bytes(reader.shape)
+            continue
+        if reader.opcode != "fusion":
+            return None
+        nested = reader.callees()["calls"]
+        by_number = {number: param for param, number in
+                     parameter_numbers(module, nested).items()}
+        for number, operand in enumerate(reader.operands):
+            if operand != read:
+                continue
+            inner = _sliced_bytes(module, nested, by_number[number])
+            if inner is None:
+                return None
+            total += inner
+    return total
+
+
 def _fusion_io(module: Module, fusion: Instruction) -> float:
-    """HBM bytes of one fusion: its operands and result in memory space 0, slices read and
-    in-place updates counted at their size."""
+    """HBM bytes of one fusion: its operands and result in memory space 0, slices read
+    (inside nested fusions too) and in-place updates counted at their size."""
     fused = fusion.callees()["calls"]
     users = _users(module, fused)
     params = {number: module.by_name[name]
               for name, number in parameter_numbers(module, fused).items()}
-
-    def final_users(name: str) -> list[Instruction]:
-        found = []
-        for user in users.get(name, []):
-            if user.opcode in ("bitcast", "reshape"):
-                found += final_users(user.name)
-            else:
-                found.append(user)
-        return found
 
     in_place: set[int] = set()
     total = 0.0
@@ -240,10 +271,10 @@ def _fusion_io(module: Module, fusion: Instruction) -> float:
         if not array_bytes(shape, hbm_only=True):
             continue
         param = params.get(number)
-        readers = final_users(param.name) if param is not None else []
-        if readers and all(u.opcode in ("dynamic-slice", "slice") and u.operands[0] ==
-                           param.name for u in readers):
-            total += sum(array_bytes(u.shape) for u in readers)
+        readers = [u for u, _ in _readers(users, param.name)] if param is not None else []
+        sliced = _sliced_bytes(module, fused, param.name) if param is not None else None
+        if sliced is not None:
+            total += sliced
         elif readers and all(u.opcode == "dynamic-update-slice" and u.operands[0] == param.name
                              for u in readers):
             in_place.add(number)  # updated in place: only the update is written below

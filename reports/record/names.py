@@ -36,7 +36,8 @@ def decoder_options(spec: Spec) -> str:
         f"/{spec.attention_block_q}x{spec.attention_block_kv}"
         if spec.attention_block_q and spec.attention_block_kv else "")
     chunk = f"logits_chunk={spec.logits_chunk}" if spec.logits_chunk else ""
-    return " ".join(part for part in (attention, chunk) if part)
+    scan = "" if spec.scan_backward == "jax" else f"scan_backward={spec.scan_backward}"
+    return " ".join(part for part in (attention, chunk, scan) if part)
 
 
 def path_safe(name: str) -> str:

@@ -55,6 +55,8 @@ class Spec:
     attention_block_kv: int = 1024
     logits_chunk: int = 0
     """Positions per chunk of our decoder's head and loss (0: whole logits; absent at 0)."""
+    scan_backward: str = "jax"
+    """How our decoder's scanned blocks are differentiated ("jax", absent, or "unfilled")."""
 
     def without_decoder_options(self) -> tuple:
         """The work without how our decoder computes it (`DECODER_OPTIONS`): equal for two
@@ -66,7 +68,8 @@ class Spec:
                      for f in dataclasses.fields(self) if f.name not in DECODER_OPTIONS)
 
 
-DECODER_OPTIONS = ("attention", "attention_block_q", "attention_block_kv", "logits_chunk")
+DECODER_OPTIONS = ("attention", "attention_block_q", "attention_block_kv", "logits_chunk",
+                   "scan_backward")
 """The Spec fields naming how our decoder computes, not what (arms.spec.DECODER_OPTIONS)."""
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from reports.record.errors import RecordError
 
-SCHEMA = 13
+SCHEMA = 14
 """Version of the layout `to_json` writes. 1: the environment was `fingerprint`, the
 compiled cost `flops`, the step statistics `timing.summary`, the data digest
 `parity.data_fingerprint`, the executions `timing.executions_per_step_dispatched`.
@@ -36,7 +36,7 @@ the program with the capture said so in `run.plan_capture`, and a checked run's 
 went unsaid (both are `run.capture`). 11: the environment named no tree of the files that
 ran (`environment.git_tree`), and its `git_dirty` was `git status` of the tracked files
 alone. 12: a gradient check did not say the arm's distance from exact float32
-(`parity.float32_rel_l2`)."""
+(`parity.float32_rel_l2`). 13: the spec had no `scan_backward` (every cell's was "jax")."""
 
 
 def upgrade(data: dict, where: str = "record") -> dict:
@@ -66,9 +66,9 @@ def _upgrade_10(data: dict, schema: int) -> dict:
 
 
 def _upgrade_9(data: dict) -> dict:
-    """A record of schema 1-12 in the layout of schema 12, marked with the current schema."""
+    """A record of schema 1-13 in the layout of schema 13, marked with the current schema."""
     schema = data.get("schema")
-    if schema in (7, 8, 9, 10, 11, 12):  # 8-13 added fields
+    if schema in (7, 8, 9, 10, 11, 12, 13):  # 8-14 added fields
         return dict(data, schema=SCHEMA)
     if schema in (3, 4, 5, 6):  # 4-6 added fields (plans, roofline, loss options)
         return _upgrade_6(dict(data, schema=SCHEMA))

@@ -62,7 +62,7 @@ def test_our_decoders_options_are_spec_fields_and_name_the_cell_apart():
     (lambda r: r["timing"]["stats"].update(cv="high"), "field 'timing.stats.cv': expected float"),
     (lambda r: r["run"].update(steps=True), "field 'run.steps': expected int"),
     (lambda r: r.update(colour="red"), "unknown field 'colour'"),
-    (lambda r: r.update(schema=99), "schema 99, this version reads 1-13"),
+    (lambda r: r.update(schema=99), "schema 99, this version reads 1-14"),
     # Records that pass the schema but that no writer produces (an impossible result).
     (lambda r: r.update(status="weird"), "field 'status': 'weird' is neither"),
     (lambda r: r.update(timing=None), "field 'timing': an ok record holds its timing"),
@@ -86,7 +86,7 @@ def test_schema_3_reads_as_a_record_that_is_not_a_plan():
     raw.pop("plan")
     raw["schema"] = 3
     record = Record.from_json(raw)
-    assert record.schema == SCHEMA == 13
+    assert record.schema == SCHEMA == 14
     assert record.plan is None and record.run.plan_target is None
 
 

@@ -41,7 +41,8 @@ def test_an_entry_reads_back_as_written(tmp_path):
 def test_the_key_is_the_work_and_what_computes_it_not_the_arm_s_options():
     key = reference_key(SPEC, "default", STACK)
     for same in ({"mesh": "fsdp=8"}, {"optimizer": "sgd"}, {"learning_rate": 1.0},
-                 {"clip": 1.0}, {"attention": "splash"}, {"logits_chunk": 256}):
+                 {"clip": 1.0}, {"attention": "splash"}, {"logits_chunk": 256},
+                 {"scan_backward": "unfilled"}):
         assert reference_key({**SPEC, **same}, "default", STACK) == key, same
     for other in ({"seq": 32}, {"dtype": "float32"}, {"seed": 1}, {"ga": 4}):
         assert reference_key({**SPEC, **other}, "default", STACK) != key, other

@@ -81,6 +81,36 @@ def test_our_decoders_options_reach_every_cell_from_the_command_line_and_suites(
         expand({**options, "arms": ["engine", "peft-tunix"], "remat": "full"})
 
 
+def test_the_scan_backward_reaches_the_cells_on_our_decoder_and_names_them():
+    """--scan-backward unfilled: the arms on our decoder's cells carry it (their hash with
+    it), the default leaves the spec as it was; Tunix's model, which runs no scan of ours,
+    refuses it; the cell's name says it."""
+    from harness.cli import build_parser
+    from harness.cli.grid_args import request
+    from harness.contract import cell_hash
+    from harness.grid.options import merge
+    from reports.record import Spec, cell_name, section
+
+    def cells(*extra):
+        args = build_parser(only="run").parse_args(
+            ["run", "--arms", "engine,native", "--preset", "tiny", "--seq", "32",
+             "--scan-layers", "--remat", "full", *extra])
+        return expand(merge(request(args, out=None).explicit))
+
+    plain, unfilled = cells(), cells("--scan-backward", "unfilled")
+    assert all("scan_backward" not in c.spec for c in plain)
+    assert {c.spec["scan_backward"] for c in unfilled} == {"unfilled"}
+    assert {cell_hash(c.spec) for c in plain}.isdisjoint(cell_hash(c.spec) for c in unfilled)
+    assert cell_name("engine", section(Spec, unfilled[0].spec)).endswith(
+        "seq=32 batch=8 ga=1 scan_backward=unfilled")
+    with pytest.raises(ValueError, match="--scan-backward unfilled is how our decoder's layer "
+                                         "scan is differentiated; .* use --scan-backward jax"):
+        expand({"arms": ["peft-tunix"], "preset": "tiny", "seq": 32, "batch": 8,
+                "scan_layers": True, "remat": "full", "scan_backward": "unfilled"})
+    with pytest.raises(ValueError, match="give scan_layers=True and remat='full'"):
+        cells("--remat", "minimal", "--scan-backward", "unfilled")
+
+
 def test_a_suites_decoder_table_sets_our_decoders_options_by_shape_for_its_arms_only():
     """`decoder`: our decoder's options by seq, then GA. The arms on our decoder take them at
     the shapes named (the rest keep the defaults); MaxText's and Tunix's models compute their

@@ -44,3 +44,58 @@ def test_the_window_as_batch_convolution_by_hand():
         jnp.ones(lhs), jnp.ones(rhs)).compile()
     flops = counts.costs(compiled.as_text()).flops
     assert flops == 2 * 64 * 16 * 64 * 4 == (2 * 64 * 4 * 16 * (64 * 4)) / 4
+
+
+_NESTED_SLICE = """HloModule nested_slice
+
+%slice_layer (p0: bf16[28,1024,3072], p1: s32[]) -> bf16[1024,3072] {
+  %p0 = bf16[28,1024,3072]{2,1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  %ds = bf16[1,1024,3072]{2,1,0} dynamic-slice(%p0, %p1, %zero, %zero), dynamic_slice_sizes={1,1024,3072}
+  ROOT %layer = bf16[1024,3072]{1,0} bitcast(%ds)
+}
+
+%whole_layer (p0: bf16[28,1024,3072]) -> bf16[28,1024,3072] {
+  %p0 = bf16[28,1024,3072]{2,1,0} parameter(0)
+  ROOT %neg = bf16[28,1024,3072]{2,1,0} negate(%p0)
+}
+
+%matmul (q0: bf16[28,1024,3072], q1: s32[], q2: bf16[2,1024]) -> bf16[2,3072] {
+  %q0 = bf16[28,1024,3072]{2,1,0} parameter(0)
+  %q1 = s32[] parameter(1)
+  %q2 = bf16[2,1024]{1,0} parameter(2)
+  %w = bf16[1024,3072]{1,0} fusion(%q0, %q1), kind=kLoop, calls=%slice_layer
+  ROOT %dot = bf16[2,3072]{1,0} dot(%q2, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%matmul_whole (q0: bf16[28,1024,3072], q1: s32[], q2: bf16[2,1024]) -> bf16[2,3072] {
+  %q0 = bf16[28,1024,3072]{2,1,0} parameter(0)
+  %q1 = s32[] parameter(1)
+  %q2 = bf16[2,1024]{1,0} parameter(2)
+  %all = bf16[28,1024,3072]{2,1,0} fusion(%q0), kind=kLoop, calls=%whole_layer
+  %w = bf16[1024,3072]{1,0} fusion(%all, %q1), kind=kLoop, calls=%slice_layer
+  ROOT %dot = bf16[2,3072]{1,0} dot(%q2, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (a: bf16[28,1024,3072], i: s32[], x: bf16[2,1024]) -> bf16[2,3072] {
+  %a = bf16[28,1024,3072]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %x = bf16[2,1024]{1,0} parameter(2)
+  ROOT %f = bf16[2,3072]{1,0} fusion(%a, %i, %x), kind=kOutput, calls=%{callee}
+}
+"""
+STACK_BYTES, LAYER_BYTES = 28 * 1024 * 3072 * 2, 1024 * 3072 * 2
+OTHER_BYTES = 4 + 2 * 1024 * 2 + 2 * 3072 * 2
+"""The index (s32), the activations read and the product written."""
+
+
+def test_a_slice_fused_in_a_nested_fusion_reads_the_slice_not_the_stack():
+    """XLA:TPU fuses a scanned layer's slice of a stacked weight into the matmul that reads
+    it as a fusion nested in the matmul's: one layer's bytes are read, not the 28 layers'.
+    Where the nested fusion reads the stack whole (here it negates every layer first), the
+    whole stack is counted."""
+    sliced = counts.hbm_bytes(_NESTED_SLICE.replace("{callee}", "matmul"))
+    assert sliced == LAYER_BYTES + OTHER_BYTES
+    whole = counts.hbm_bytes(_NESTED_SLICE.replace("{callee}", "matmul_whole"))
+    assert whole == STACK_BYTES + OTHER_BYTES
