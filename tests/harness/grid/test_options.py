@@ -103,8 +103,8 @@ def test_the_scan_backward_reaches_the_cells_on_our_decoder_and_names_them():
     assert {cell_hash(c.spec) for c in plain}.isdisjoint(cell_hash(c.spec) for c in unfilled)
     assert cell_name("engine", section(Spec, unfilled[0].spec)).endswith(
         "seq=32 batch=8 ga=1 scan_backward=unfilled")
-    with pytest.raises(ValueError, match="--scan-backward unfilled is how our decoder's layer "
-                                         "scan is differentiated; .* use --scan-backward jax"):
+    with pytest.raises(ValueError, match=r"--scan-backward unfilled is how our decoder's layer "
+                                         r"scan is differentiated; .* use --scan-backward jax"):
         expand({"arms": ["peft-tunix"], "preset": "tiny", "seq": 32, "batch": 8,
                 "scan_layers": True, "remat": "full", "scan_backward": "unfilled"})
     with pytest.raises(ValueError, match="give scan_layers=True and remat='full'"):

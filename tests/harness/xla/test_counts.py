@@ -51,8 +51,8 @@ _NESTED_SLICE = """HloModule nested_slice
 %slice_layer (p0: bf16[28,1024,3072], p1: s32[]) -> bf16[1024,3072] {
   %p0 = bf16[28,1024,3072]{2,1,0} parameter(0)
   %p1 = s32[] parameter(1)
-  %zero = s32[] constant(0)
-  %ds = bf16[1,1024,3072]{2,1,0} dynamic-slice(%p0, %p1, %zero, %zero), dynamic_slice_sizes={1,1024,3072}
+  %z = s32[] constant(0)
+  %ds = bf16[1,1024,3072]{2,1,0} dynamic-slice(%p0, %p1, %z, %z), dynamic_slice_sizes={1,1024,3072}
   ROOT %layer = bf16[1024,3072]{1,0} bitcast(%ds)
 }
 
