@@ -111,7 +111,8 @@ def test_a_request_s_command_line_reads_back_as_the_same_request(tmp_path):
         "parity": False, "loss_agg_mode": None, "beta": None, "epsilon": 0.3,
         "epsilon_high": None, "epsilon_c": None, "fit_check": False,
         "fit_bytes": int(1.7 * 2**30), "wait_s": 30.0, "attention": "splash",
-        "attention_block_q": 256, "attention_block_kv": 512, "logits_chunk": 128}
+        "attention_block_q": 256, "attention_block_kv": 512, "logits_chunk": 128,
+        "scan_backward": "unfilled"}
     wanted = Request(explicit=explicit, suite="cpu-default",
                      plugins=("tests.harness.fault_arms",), out=tmp_path)
     parser = argparse.ArgumentParser()
