@@ -80,9 +80,8 @@ def parity_section(spec, gradient, first_loss: float, trainer_denominator: float
                                           ("mean_of_means", entry.mean_of_means),
                                           ("exact32", entry.exact32)) if tree is not None}
     grad_l2, found = distances(gradient, list(held.values()))
-    (exact_l2, diff_l2), away = found[0], dict(zip(held, found, strict=True))
+    away = dict(zip(held, found, strict=True))
     rels = {name: relative(diff, norm) for name, (norm, diff) in away.items()}
-    mean_of_means, float32 = rels.get("mean_of_means"), rels.get("exact32")
     predicted = (None if entry.mean_of_means is None
                  else rel_l2(entry.mean_of_means, entry.gradient))
     return Parity(
@@ -90,13 +89,12 @@ def parity_section(spec, gradient, first_loss: float, trainer_denominator: float
         trainer_denominator=trainer_denominator, loss=first_loss, exact_loss=entry.loss,
         loss_rel_error=(abs(first_loss - entry.loss) / abs(entry.loss) if entry.loss
                         else None),
-        grad_l2=grad_l2, exact_grad_l2=exact_l2,
-        rel_l2=relative(diff_l2, exact_l2),
+        grad_l2=grad_l2, exact_grad_l2=away["exact"][0], rel_l2=rels["exact"],
         tied_head=spec.model_config().tie_embeddings,
         reference_shared=stored, floor_rel_l2=entry.floor_rel_l2,
         reference_s=reference_s, reference_computed_s=entry.computed_s,
-        mean_of_means_rel_l2=mean_of_means, predicted_rel_l2=predicted,
-        float32_rel_l2=float32)
+        mean_of_means_rel_l2=rels.get("mean_of_means"), predicted_rel_l2=predicted,
+        float32_rel_l2=rels.get("exact32"))
 
 
 def stack() -> dict:

@@ -228,12 +228,11 @@ def _readers(users: dict[str, list[Instruction]], name: str) -> list[tuple[Instr
     return found
 
 
-def _sliced_bytes(module: Module, computation: str, name: str) -> float | None:
-    """The bytes of `name` (a value of a fused `computation`) its readers read where each
-    reads a slice of it, directly or as the parameter of a fusion nested in this one (XLA
-    fuses a scanned layer's dynamic slice of a stacked weight into the matmul that reads
-    it, as a fusion of its own); None where any reads it whole."""
-    readers = _readers(_users(module, computation), name)
+def _sliced_bytes(module: Module, readers: list[tuple[Instruction, str]]) -> float | None:
+    """The bytes `readers` (a value's, `_readers`) read where each reads a slice of it,
+    directly or as the parameter of a fusion nested in this one (XLA fuses a scanned
+    layer's dynamic slice of a stacked weight into the matmul that reads it, as a fusion
+    of its own); None where any reads it whole."""
     if not readers:
         return None
     total = 0.0
@@ -249,7 +248,7 @@ def _sliced_bytes(module: Module, computation: str, name: str) -> float | None:
         for number, operand in enumerate(reader.operands):
             if operand != read:
                 continue
-            inner = _sliced_bytes(module, nested, by_number[number])
+            inner = _sliced_bytes(module, _readers(_users(module, nested), by_number[number]))
             if inner is None:
                 return None
             total += inner
@@ -271,12 +270,12 @@ def _fusion_io(module: Module, fusion: Instruction) -> float:
         if not array_bytes(shape, hbm_only=True):
             continue
         param = params.get(number)
-        readers = [u for u, _ in _readers(users, param.name)] if param is not None else []
-        sliced = _sliced_bytes(module, fused, param.name) if param is not None else None
+        readers = _readers(users, param.name) if param is not None else []
+        sliced = _sliced_bytes(module, readers)
         if sliced is not None:
             total += sliced
         elif readers and all(u.opcode == "dynamic-update-slice" and u.operands[0] == param.name
-                             for u in readers):
+                             for u, _ in readers):
             in_place.add(number)  # updated in place: only the update is written below
         else:
             total += array_bytes(shape, hbm_only=True)
