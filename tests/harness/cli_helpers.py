@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from harness.cli import main
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -25,3 +27,16 @@ def parity_cli(*args: str, prelude: str | None = None, timeout: float = 300,
     launcher = ["-c", prelude] if prelude else ["-m", "harness.cli"]
     return subprocess.run([sys.executable, *launcher, *args], env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def parity_main(capsys, *args: str) -> tuple[int, str]:
+    """`parity ARGS` through the command line's entry point in this process: its exit code
+    (argparse's own errors exit through SystemExit) and what it wrote to standard error. For
+    input refused before any process starts or anything is written, where an interpreter's
+    start-up a case (~2 s) would be the whole cost; `parity_cli` runs the command as a
+    user's shell does."""
+    try:
+        code = main(list(args))
+    except SystemExit as exit_:
+        code = exit_.code
+    return code, capsys.readouterr().err

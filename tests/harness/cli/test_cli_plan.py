@@ -18,6 +18,7 @@ from flax import nnx
 from engine.model import LOGICAL_AXIS_RULES, Decoder, get_preset
 from harness.xla import target
 from reports.record import read_dir
+from tests.harness.cli_helpers import parity_main
 
 REPO = pathlib.Path(__file__).parents[3]
 CELL = ["--arms", "native", "--preset", "tiny", "--seq", "16", "--batch", "8"]
@@ -40,6 +41,20 @@ def _refused(proc, tmp_path, message):
     assert not list(tmp_path.rglob("*.jsonl"))  # nothing written
 
 
+def _refused_here(capsys, tmp_path, message, *args):
+    """`parity plan ARGS` refused in this process: exit 2, one line naming the fix, and
+    libtpu not asked for a topology (its one way in, `target.topology_devices`) and nothing
+    written."""
+    loaded = target.topology_devices.cache_info().currsize
+    code, err = parity_main(capsys, "plan", *args)
+    assert code == 2, err[-2000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("parity: error: "), err
+    assert message in lines[0]
+    assert target.topology_devices.cache_info().currsize == loaded
+    assert not list(tmp_path.rglob("*.jsonl"))
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--target", "tpu9:2x2"], "--target 'tpu9:2x2': give a TPU topology GENERATION:AxB[xC]"),
     (["--target", "v5e"], "give a TPU topology GENERATION:AxB[xC] with GENERATION one of"),
@@ -47,19 +62,20 @@ def _refused(proc, tmp_path, message):
     (["--rounds", "2"], "--rounds 2: a plan is deterministic"),
     (["--jobs", "0"], "--jobs 0: give at least 1 cell at a time"),
 ])
-def test_bad_plan_options_exit_2_before_libtpu_is_loaded(tmp_path, args, message):
+def test_bad_plan_options_exit_2_before_libtpu_is_loaded(tmp_path, capsys, args, message):
+    """In this process, through the command line's entry point: refused before libtpu is
+    loaded or anything is compiled, and with no process started (harness.cli.main)."""
     start = time.monotonic()
-    proc = plan(*CELL, *args, "--out", str(tmp_path / "out"), timeout=120)
-    _refused(proc, tmp_path, message)
+    _refused_here(capsys, tmp_path, message, *CELL, *args, "--out", str(tmp_path / "out"))
     assert time.monotonic() - start < 60  # refused up front: nothing compiled
 
 
-def test_a_suites_timing_rounds_do_not_stop_its_plan(tmp_path):
+def test_a_suites_timing_rounds_do_not_stop_its_plan(tmp_path, capsys):
     """tpu7x-nightly runs 4 rounds of each cell; its plan is made once, so only an explicit
     --rounds N > 1 is refused (here the plan gets as far as the target's name)."""
-    proc = plan("--suite", "tpu7x-nightly", "--target", "tpu9:2x2", "--out",
-                str(tmp_path / "out"), timeout=120)
-    _refused(proc, tmp_path, "--target 'tpu9:2x2': give a TPU topology")
+    _refused_here(capsys, tmp_path, "--target 'tpu9:2x2': give a TPU topology",
+                  "--suite", "tpu7x-nightly", "--target", "tpu9:2x2", "--out",
+                  str(tmp_path / "out"))
 
 
 @pytest.mark.parametrize(("args", "message"), [

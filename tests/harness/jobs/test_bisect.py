@@ -12,7 +12,7 @@ import pytest
 
 from harness.jobs import bisect
 from harness.jobs.grid import Request
-from tests.harness.cli_helpers import REPO, cli_env, parity_cli
+from tests.harness.cli_helpers import REPO, cli_env, parity_main
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
 
@@ -122,17 +122,20 @@ def test_a_request_s_command_line_reads_back_as_the_same_request(tmp_path):
     assert bare.argv() == []
 
 
-def test_bisect_refuses_bad_refs_and_ranges_with_one_line_and_exit_2(tmp_path):
+def test_bisect_refuses_bad_refs_and_ranges_with_one_line_and_exit_2(tmp_path, capsys,
+                                                                     monkeypatch):
+    monkeypatch.chdir(REPO)  # the refs are this checkout's
     cell = ["--arms", "native", "--preset", "tiny", "--seq", "16", "--batch", "4", "--ga",
             "1", "--out", str(tmp_path / "out")]
-    same = parity_cli("bisect", "HEAD", "HEAD", *cell)
-    assert same.returncode == 2
-    assert same.stderr.startswith("parity: error: GOOD HEAD and BAD HEAD are the same "
-                                  "commit") and same.stderr.count("\n") == 1
-    unknown = parity_cli("bisect", "no-such-ref", "HEAD", *cell)
-    assert unknown.returncode == 2 and "unknown git ref 'no-such-ref'" in unknown.stderr
-    two = parity_cli("bisect", "HEAD~1", "HEAD", *cell, "--arms", "native,engine")
-    assert two.returncode == 2 and "parity bisect times one cell" in two.stderr
+    code, err = parity_main(capsys, "bisect", "HEAD", "HEAD", *cell)
+    assert code == 2
+    assert err.startswith("parity: error: GOOD HEAD and BAD HEAD are the same "
+                          "commit") and err.count("\n") == 1
+    code, err = parity_main(capsys, "bisect", "no-such-ref", "HEAD", *cell)
+    assert code == 2 and "unknown git ref 'no-such-ref'" in err
+    code, err = parity_main(capsys, "bisect", "HEAD~1", "HEAD", *cell, "--arms",
+                            "native,engine")
+    assert code == 2 and "parity bisect times one cell" in err
     assert not (tmp_path / "out").exists()  # nothing written
 
 

@@ -77,19 +77,19 @@ def test_records_of_another_backend_say_nothing_of_this_one_s_cells(tmp_path):
 
 
 def test_a_run_past_its_time_limit_starts_no_cell_and_exits_3(tmp_path):
-    """A tiny native cell's record in --out says what such a cell takes; the same grid's
-    second round under a 1 s limit is not started: no record, exit 3, the resume line."""
+    """A tiny native cell's record in --out (round 0 of run `cut`, 20 s long) says what
+    such a cell takes; the same grid's second round under a 1 s limit is not started: no
+    record, exit 3, the resume line."""
     args = ["run", "--arms", "native", "--preset", "tiny", "--seq", "16", "--batch", "4",
             "--steps", "2", "--warmup", "1", "--no-parity", "--out", str(tmp_path),
             "--run-id", "cut"]
-    first = parity_cli(*args)
-    assert first.returncode == 0, first.stderr
-    (recorded,) = codec.read(tmp_path / "cut.jsonl")
-    assert recorded.wall_s > 1
+    (cell,) = expand({**TINY, "arms": ["native"], "seq": [16], "parity": False})
+    results.append(tmp_path / "cut.jsonl",
+                   dataclasses.replace(_record(cell, 20.0, parity=False), run_id="cut", round=0))
     second = parity_cli(*args, "--rounds", "2", "--time-limit", "1")
     assert second.returncode == CUT, second.stderr
     assert "parity: --time-limit 1 s: 1 cells not started (the next, native tiny seq=16 " \
-           "batch=4 ga=1 round 1, is expected to take" in second.stdout
+           "batch=4 ga=1 round 1, is expected to take 20 s" in second.stdout
     assert "the same command with --run-id cut runs them" in second.stdout
     assert len(codec.read(tmp_path / "cut.jsonl")) == 1
     # A night of the same grid in that directory (a history) under the limit: not judged.

@@ -17,7 +17,7 @@ from harness.measure.memory import RESERVE_PER_EXECUTION
 from harness.store import results
 from harness.system.allocator import HOST_MALLOC, describe
 from reports.record import Failure, Record, ResultsError, read, read_dir
-from tests.harness.cli_helpers import cli_env
+from tests.harness.cli_helpers import cli_env, parity_cli, parity_main
 
 PLUGIN = "tests.harness.fault_arms"
 TINY = {"preset": "tiny", "seq": 16, "batch": 4, "steps": 2, "warmup": 1}
@@ -236,8 +236,6 @@ def test_sigint_keeps_finished_cells_and_valid_jsonl(tmp_path):
     (["--preset", "giant"], "unknown model preset 'giant'"),
     (["--suite", "nope"], "unknown suite 'nope'; valid suites: cpu-default"),
     (["--batch", "8", "--ga", "3"], "--ga 3 does not divide --batch 8"),
-    (["--mesh", "fsdp=4"], "mesh 'fsdp=4' needs 4 devices but this cpu host has 1; on CPU "
-                           "pass --cpu-devices"),
     (["--mesh", "tensor=4", "--cpu-devices", "4"], "more tensor shards than kv heads"),
     pytest.param(["--arms", "native,peft-maxtext", "--scan-layers"],
                  "remat=none cannot be expressed", marks=pytest.mark.maxtext),
@@ -252,15 +250,26 @@ def test_sigint_keeps_finished_cells_and_valid_jsonl(tmp_path):
     (["--run-id", "sub/dir/x"], "--run-id 'sub/dir/x': give a plain name"),
     (["--run-id", ".."], "--run-id '..': give a plain name"),
 ])
-def test_bad_input_is_one_clear_error_before_any_cell(tmp_path, args, message):
+def test_bad_input_is_one_clear_error_before_any_cell(tmp_path, capsys, args, message):
+    """`parity run`'s own entry point, in this process (the command line's exit code and
+    standard error, without an interpreter's start-up a case)."""
     base = ["--arms", "native", "--preset", "tiny", "--seq", "16", "--batch", "4"]
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", *base, *args,
-                           "--out", str(tmp_path)], env=cli_env(), capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    assert message in proc.stderr
-    assert "Traceback" not in proc.stderr
+    code, err = parity_main(capsys, "run", *base, *args, "--out", str(tmp_path))
+    assert code == 2, err
+    assert message in err
+    assert "Traceback" not in err
     assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+def test_a_mesh_larger_than_the_host_is_refused_naming_the_flag(tmp_path):
+    """A process of its own: this one emulates 8 CPU devices, a user's shell has one."""
+    proc = parity_cli("run", "--arms", "native", "--preset", "tiny", "--seq", "16", "--batch",
+                      "4", "--mesh", "fsdp=4", "--out", str(tmp_path), timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert ("mesh 'fsdp=4' needs 4 devices but this cpu host has 1; on CPU pass "
+            "--cpu-devices") in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_results_reader_names_file_line_and_field(tmp_path):
