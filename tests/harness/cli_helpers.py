@@ -29,14 +29,20 @@ def parity_cli(*args: str, prelude: str | None = None, timeout: float = 300,
                           capture_output=True, text=True, timeout=timeout)
 
 
-def parity_main(capsys, *args: str) -> tuple[int, str]:
+def parity_main(capsys, *args: str) -> subprocess.CompletedProcess:
     """`parity ARGS` through the command line's entry point in this process: its exit code
-    (argparse's own errors exit through SystemExit) and what it wrote to standard error. For
-    input refused before any process starts or anything is written, where an interpreter's
-    start-up a case (~2 s) would be the whole cost; `parity_cli` runs the command as a
-    user's shell does."""
+    (argparse's own errors exit through SystemExit) and what it wrote, as `parity_cli`
+    returns them. For what needs no process of its own: input refused before any process
+    starts or anything is written, and the commands that only read stored results; an
+    interpreter's start-up (~2 s) would be the whole cost. `parity_cli` runs the command
+    as a user's shell does."""
+    environ = dict(os.environ)
     try:
         code = main(list(args))
     except SystemExit as exit_:
         code = exit_.code
-    return code, capsys.readouterr().err
+    finally:  # what a command sets for its own children stays out of the test's
+        os.environ.clear()
+        os.environ.update(environ)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["parity", *args], code, out, err)

@@ -1,6 +1,10 @@
 """`parity explain` of two plans of one cell: the planted change (every gradient replicated
 before the optimizer, tests/harness/cell/planted.py) is named first, by the figures the
-plans themselves record."""
+plans themselves record.
+
+Slow, the whole module: its every test reads TPU plans (~15 s each on 2 cores); `make test`
+keeps a TPU plan of its own (tests/harness/cli/test_cli_plan.py) and explanations of records
+(tests/harness/jobs/test_explain.py)."""
 
 import json
 import subprocess
@@ -10,6 +14,8 @@ import pytest
 
 from reports.record import read_dir
 from tests.harness.cli.test_cli_plan import REPO, plan
+
+pytestmark = pytest.mark.slow
 
 PLANT = "PARITY_PLANT"
 """tests/harness/cell/planted.py's choice of plant. Not imported from it: importing the
@@ -98,7 +104,7 @@ def test_a_plan_against_itself_changes_nothing(planned):
     assert all(r["change"] == 0 for r in found["peak"]["rows"])
 
 
-@pytest.mark.slow  # another TPU plan with donation off (~15 s)
+# another TPU plan with donation off (~15 s)
 def test_params_not_donated_are_new_outputs_of_exactly_the_params_bytes(planned, tmp_path):
     """PeftTrainer's way (the step's new params in buffers of their own): the outputs
     beyond the donated ones grow by exactly the bytes no longer aliased to an argument (the
@@ -130,7 +136,7 @@ def _largest_param_bytes() -> int:
     return max(math.prod(p.shape) * p.dtype.itemsize for p in jax.tree.leaves(params))
 
 
-@pytest.mark.slow  # another TPU plan with a planted all-gather (~15 s)
+# another TPU plan with a planted all-gather (~15 s)
 def test_an_extra_all_gather_of_a_param_is_the_first_mover(planned, tmp_path):
     real, _ = planned
     gathered = _planned(tmp_path, "gather")
@@ -170,7 +176,7 @@ def test_a_record_without_its_step_by_category_is_refused_naming_the_fix(planned
     assert "carries no step by category" in proc.stderr
 
 
-@pytest.mark.slow  # another TPU plan of the engine (~20 s)
+# another TPU plan of the engine (~20 s)
 def test_a_split_step_peak_counts_the_state_it_holds_outside(planned, tmp_path):
     """`engine` against `native` at one shape: the engine's peak executable (fwd_bwd) runs
     while the optimizer moments stay in HBM outside it; that held state is a row of its

@@ -14,7 +14,7 @@ import pytest
 from harness.contract import CellRun
 from harness.orchestrator.loop import schedule
 from reports.record import read_dir
-from tests.harness.cli_helpers import parity_cli
+from tests.harness.cli_helpers import parity_cli, parity_main
 
 CELL = ["--arms", "native", "--preset", "tiny", "--seq", "16", "--batch", "4", "--ga", "1",
         "--steps", "3", "--warmup", "1", "--plugin", "tests.harness.fault_arms"]
@@ -56,9 +56,9 @@ def test_a_run_with_rounds_records_each_round(two_runs):
     assert records[0].timing.compiles == records[1].timing.compiles >= 1
 
 
-def test_compare_flags_a_planted_cost_change_without_timing_samples(two_runs):
+def test_compare_flags_a_planted_cost_change_without_timing_samples(two_runs, capsys):
     old, new = two_runs
-    proc = parity_cli("compare", str(old), str(new))
+    proc = parity_main(capsys, "compare", str(old), str(new))
     assert proc.returncode == 0, proc.stderr  # report only, without --fail-on-regression
     row = next(line for line in proc.stdout.splitlines() if line.startswith("| native"))
     assert "| too few samples |" in row  # 2 and 1 runs: no timing verdict ...
@@ -66,7 +66,7 @@ def test_compare_flags_a_planted_cost_change_without_timing_samples(two_runs):
     assert "| compiled_flops_per_step, bytes_accessed_per_step |" in row
     assert "compiled_flops_per_step: " in proc.stdout and " -> " in proc.stdout
 
-    failing = parity_cli("compare", str(old), str(new), "--fail-on-regression")
+    failing = parity_main(capsys, "compare", str(old), str(new), "--fail-on-regression")
     assert failing.returncode == 1
     assert "cost compiled_flops_per_step" in failing.stderr
     # the regression is explained: the planted elementwise pass is the first mover, more
@@ -78,7 +78,7 @@ def test_compare_flags_a_planted_cost_change_without_timing_samples(two_runs):
     assert cells[0] == "fusion: loop"
     assert float(cells[3]) > 0 and float(cells[9]) > 0  # runs B-A, HBM B-A
 
-    data = json.loads(parity_cli("compare", str(old), str(new), "--json").stdout)
+    data = json.loads(parity_main(capsys, "compare", str(old), str(new), "--json").stdout)
     (cell,) = data["cells"]
     # The planted pass runs after the update's conditional: one more read and write of the
     # params, and its sin/multiply/add FLOPs.
@@ -89,12 +89,12 @@ def test_compare_flags_a_planted_cost_change_without_timing_samples(two_runs):
     assert cell["verdict"] == "too few samples" and cell["old_runs"] == 2
 
 
-def test_compare_of_a_run_with_itself_is_clean_and_bad_input_exits_2(two_runs, tmp_path):
+def test_compare_of_a_run_with_itself_is_clean_and_bad_input_exits_2(two_runs, tmp_path, capsys):
     old, _ = two_runs
-    same = parity_cli("compare", str(old), str(old), "--fail-on-regression")
+    same = parity_main(capsys, "compare", str(old), str(old), "--fail-on-regression")
     assert same.returncode == 0, same.stderr
     assert "0 changed in cost" in same.stdout
-    missing = parity_cli("compare", str(old), str(tmp_path / "nope"))
+    missing = parity_main(capsys, "compare", str(old), str(tmp_path / "nope"))
     assert missing.returncode == 2 and "no such results directory" in missing.stderr
 
 
@@ -105,11 +105,11 @@ def _write(path: Path, *records: dict) -> Path:
 
 
 def test_compare_refuses_sets_with_no_common_cell_calls_a_fix_no_regression_and_checks_thresholds(
-        two_runs, tmp_path):
+        two_runs, tmp_path, capsys):
     old, _ = two_runs
     record = json.loads(next(old.glob("*.jsonl")).read_text().splitlines()[0])
     other = _write(tmp_path / "other", dict(record, config_hash="0" * 16))
-    proc = parity_cli("compare", str(old), str(other), "--fail-on-regression")
+    proc = parity_main(capsys, "compare", str(old), str(other), "--fail-on-regression")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == (
         "parity: error: the two result sets have no cell in common (1 only in old, 1 only in "
@@ -117,15 +117,15 @@ def test_compare_refuses_sets_with_no_common_cell_calls_a_fix_no_regression_and_
         "versions, backend, devices and XLA flags; compare runs of the same cells")
     broken = _write(tmp_path / "broken", dict(record, status="failed",
                                                error={"reason": "crash", "message": "boom"}))
-    fixed = parity_cli("compare", str(broken), str(old), "--fail-on-regression")
+    fixed = parity_main(capsys, "compare", str(broken), str(old), "--fail-on-regression")
     assert fixed.returncode == 0, fixed.stderr
     assert "| fixed (failed in old) |" in fixed.stdout
-    regressed = parity_cli("compare", str(old), str(broken), "--fail-on-regression")
+    regressed = parity_main(capsys, "compare", str(old), str(broken), "--fail-on-regression")
     assert regressed.returncode == 1 and "native tiny seq=16 batch=4 ga=1: failed" in (
         regressed.stderr)
     for flag, value in (("--threshold", "-1"), ("--threshold", "nan"), ("--threshold", "0"),
                         ("--cost-threshold", "-0.1"), ("--cost-threshold", "nan")):
-        bad = parity_cli("compare", str(old), str(old), flag, value)
+        bad = parity_main(capsys, "compare", str(old), str(old), flag, value)
         assert bad.returncode == 2 and f"parity: error: {flag} {float(value)}" in bad.stderr
         assert "Traceback" not in bad.stderr
 
@@ -145,16 +145,19 @@ def one_run_a_side(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_one_run_a_side_fails_the_gate_on_a_large_slowdown_and_passes_an_a_a(one_run_a_side):
+def test_one_run_a_side_fails_the_gate_on_a_large_slowdown_and_passes_an_a_a(one_run_a_side,
+                                                                            capsys):
     # One process a side cannot reach 95% by its CI alone; a tenfold step time is still far
     # beyond the process-spread bound, so the gate fails on it ...
     root = one_run_a_side
-    slow = parity_cli("compare", str(root / "old"), str(root / "slow"), "--fail-on-regression")
+    slow = parity_main(capsys, "compare", str(root / "old"), str(root / "slow"),
+                       "--fail-on-regression")
     assert slow.returncode == 1, slow.stdout + slow.stderr
     assert "| 1 / 1 |" in slow.stdout and "| slower |" in slow.stdout
     assert "native tiny seq=16 batch=4 ga=1: slower, " in slow.stderr
     # ... and identical code twice (process-to-process spread only) passes it.
-    same = parity_cli("compare", str(root / "old"), str(root / "again"), "--fail-on-regression")
+    same = parity_main(capsys, "compare", str(root / "old"), str(root / "again"),
+                       "--fail-on-regression")
     assert same.returncode == 0, same.stdout + same.stderr
     assert "| too few samples |" in same.stdout
 
@@ -179,7 +182,7 @@ def test_a_report_given_a_baseline_folds_what_differs_under_the_regressed_cell(t
     assert "No cell regressed against the baseline." in (tmp_path / "same.md").read_text()
 
 
-def test_compare_of_the_chips_records_decides_at_the_tpus_minimum_effect(tmp_path):
+def test_compare_of_the_chips_records_decides_at_the_tpus_minimum_effect(tmp_path, capsys):
     """The TPU v5e's native runs (3 a side) against the same runs 3% slower: `parity compare`
     judges them by the TPU's rule (1% minimum effect, its process spread) and fails on the
     regression; given --threshold 0.05 it prints the 3% as detected under that minimum
@@ -198,12 +201,12 @@ def test_compare_of_the_chips_records_decides_at_the_tpus_minimum_effect(tmp_pat
     new = write([dataclasses.replace(r, run_id=f"{r.run_id}-slow", timing=dataclasses.replace(
         r.timing, step_ms=[x * 1.03 for x in r.timing.step_ms])) for r in native],
         tmp_path / "new" / "r.jsonl").parent
-    at_tpu = parity_cli("compare", str(old), str(new), "--fail-on-regression")
+    at_tpu = parity_main(capsys, "compare", str(old), str(new), "--fail-on-regression")
     assert at_tpu.returncode == 1, at_tpu.stdout + at_tpu.stderr
     row = next(line for line in at_tpu.stdout.splitlines() if line.startswith("| native"))
     assert "| slower |" in row and "native qwen3-0.6b seq=1024" in at_tpu.stderr
     assert "minimum effect 1%, a TPU's from its A/A floor" in at_tpu.stdout
-    at_five = parity_cli("compare", str(old), str(new), "--fail-on-regression",
+    at_five = parity_main(capsys, "compare", str(old), str(new), "--fail-on-regression",
                          "--threshold", "0.05")
     assert at_five.returncode == 0, at_five.stdout + at_five.stderr
     row = next(line for line in at_five.stdout.splitlines() if line.startswith("| native"))
@@ -213,7 +216,7 @@ def test_compare_of_the_chips_records_decides_at_the_tpus_minimum_effect(tmp_pat
     assert "0 of 1 cells differ" in at_five.stdout
     assert "log-SD 0.01 a process, a TPU's" in at_five.stdout and "2-core" not in (
         at_five.stdout)
-    data = json.loads(parity_cli("compare", str(old), str(new), "--json", "--threshold",
+    data = json.loads(parity_main(capsys, "compare", str(old), str(new), "--json", "--threshold",
                                  "0.05").stdout)
     (cell,) = data["cells"]
     assert cell["verdict"] == "detected, under the minimum effect"

@@ -127,15 +127,14 @@ def test_bisect_refuses_bad_refs_and_ranges_with_one_line_and_exit_2(tmp_path, c
     monkeypatch.chdir(REPO)  # the refs are this checkout's
     cell = ["--arms", "native", "--preset", "tiny", "--seq", "16", "--batch", "4", "--ga",
             "1", "--out", str(tmp_path / "out")]
-    code, err = parity_main(capsys, "bisect", "HEAD", "HEAD", *cell)
-    assert code == 2
-    assert err.startswith("parity: error: GOOD HEAD and BAD HEAD are the same "
-                          "commit") and err.count("\n") == 1
-    code, err = parity_main(capsys, "bisect", "no-such-ref", "HEAD", *cell)
-    assert code == 2 and "unknown git ref 'no-such-ref'" in err
-    code, err = parity_main(capsys, "bisect", "HEAD~1", "HEAD", *cell, "--arms",
-                            "native,engine")
-    assert code == 2 and "parity bisect times one cell" in err
+    same = parity_main(capsys, "bisect", "HEAD", "HEAD", *cell)
+    assert same.returncode == 2
+    assert same.stderr.startswith("parity: error: GOOD HEAD and BAD HEAD are the same "
+                                  "commit") and same.stderr.count("\n") == 1
+    unknown = parity_main(capsys, "bisect", "no-such-ref", "HEAD", *cell)
+    assert unknown.returncode == 2 and "unknown git ref 'no-such-ref'" in unknown.stderr
+    two = parity_main(capsys, "bisect", "HEAD~1", "HEAD", *cell, "--arms", "native,engine")
+    assert two.returncode == 2 and "parity bisect times one cell" in two.stderr
     assert not (tmp_path / "out").exists()  # nothing written
 
 

@@ -75,9 +75,10 @@ def test_nightly_given_a_file_as_history_names_history(tmp_path, capsys, report)
     history = tmp_path / "F.jsonl"
     history.write_text("")
     extra = [] if report is None else ["--report", str(tmp_path / report)]
-    code, err = parity_main(capsys, "nightly", *CELL, "--history", str(history), *extra)
-    assert code == 2, err
-    assert err.strip() == f"parity: error: --history {history} is a file; give a directory"
+    proc = parity_main(capsys, "nightly", *CELL, "--history", str(history), *extra)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (f"parity: error: --history {history} is a file; give a "
+                                   "directory")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["F.jsonl"]  # nothing written
 
 
@@ -163,31 +164,22 @@ def test_lockstep_ab_between_two_real_commits_flags_the_slower_one(two_commits):
     assert all(r["timing"]["slices"] == [3] * 5 for r in lockstep)
 
 
-def _ab_refused(capsys, monkeypatch, clone, *refs, extra=()) -> str:
-    """`parity ab REFS` in `clone`, refused before any worktree or cell: in this process,
-    through the command line's entry point; what it wrote to standard error."""
-    monkeypatch.chdir(clone)
-    code, err = parity_main(capsys, "ab", *refs, *CELL, "--rounds", "6", "--out",
-                            str(clone / "ab-out"), *extra)
-    assert code == 2, err
-    assert not (clone / "ab-out").exists()
-    return err
+def test_lockstep_slices_must_divide_the_steps(two_commits):
+    proc = _ab(two_commits, "HEAD", "HEAD", extra=["--pairing", "lockstep", "--slices", "4"])
+    assert proc.returncode == 2
+    assert "--slices 4 with --steps 15: give 2 or more slices that divide" in proc.stderr
 
 
-def test_lockstep_slices_must_divide_the_steps(two_commits, capsys, monkeypatch):
-    err = _ab_refused(capsys, monkeypatch, two_commits, "HEAD", "HEAD",
-                      extra=["--pairing", "lockstep", "--slices", "4"])
-    assert "--slices 4 with --steps 15: give 2 or more slices that divide" in err
-
-
-def test_ab_refuses_unknown_refs_and_a_dirty_head(two_commits, capsys, monkeypatch):
-    err = _ab_refused(capsys, monkeypatch, two_commits, "HEAD", "no-such-branch")
-    assert "unknown git ref 'no-such-branch'" in err
+def test_ab_refuses_unknown_refs_and_a_dirty_head(two_commits):
+    """In processes of their own, run from the clone: `parity ab` checks the repository its
+    own code is in."""
+    unknown = _ab(two_commits, "HEAD", "no-such-branch")
+    assert unknown.returncode == 2 and "unknown git ref 'no-such-branch'" in unknown.stderr
     readme = two_commits / "README.md"
     readme.write_text(readme.read_text() + "\nlocal edit\n")
     try:
-        err = _ab_refused(capsys, monkeypatch, two_commits, "HEAD", "HEAD")
-        assert "uncommitted changes" in err
+        dirty = _ab(two_commits, "HEAD", "HEAD")
+        assert dirty.returncode == 2 and "uncommitted changes" in dirty.stderr
     finally:
         subprocess.run(["git", "checkout", "README.md"], cwd=two_commits, check=True)
 

@@ -254,10 +254,10 @@ def test_bad_input_is_one_clear_error_before_any_cell(tmp_path, capsys, args, me
     """`parity run`'s own entry point, in this process (the command line's exit code and
     standard error, without an interpreter's start-up a case)."""
     base = ["--arms", "native", "--preset", "tiny", "--seq", "16", "--batch", "4"]
-    code, err = parity_main(capsys, "run", *base, *args, "--out", str(tmp_path))
-    assert code == 2, err
-    assert message in err
-    assert "Traceback" not in err
+    proc = parity_main(capsys, "run", *base, *args, "--out", str(tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
     assert list(tmp_path.iterdir()) == []  # nothing half-written
 
 
