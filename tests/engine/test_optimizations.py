@@ -489,7 +489,7 @@ def _weight_casts(engine, kernel: str) -> int:
     return sum(shape in shapes for shape in found)
 
 
-@pytest.mark.parametrize("scan", [True, False])
+@pytest.mark.parametrize("scan", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_item16_the_accumulating_fwd_bwd_reads_weights_cast_once_per_step(engine_factory,
                                                                           scan):
     """At GA > 1 the first fwd_bwd also returns the bfloat16 copies of the 7 weights a block

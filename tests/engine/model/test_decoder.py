@@ -47,8 +47,10 @@ def test_scanned_layers_compute_the_same_function():
                                rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("remat", ["minimal", "full"])
-@pytest.mark.parametrize("scan", [False, True])
+@pytest.mark.parametrize(("scan", "remat"), [
+    (False, "minimal"), (True, "full"),  # each value of each once; the other pairs slow
+    pytest.param(True, "minimal", marks=pytest.mark.slow),
+    pytest.param(False, "full", marks=pytest.mark.slow)])
 def test_remat_changes_neither_loss_nor_gradient(remat, scan):
     config = get_preset("tiny", scan_layers=scan)
     base = Decoder(config, rngs=nnx.Rngs(0))

@@ -34,8 +34,10 @@ def _run(mesh_spec, config, batch):
     return float(value), grads
 
 
-@pytest.mark.parametrize("mesh_spec", ["fsdp=8", "fsdp=4,tensor=2"])
-@pytest.mark.parametrize("scan", [False, True])
+@pytest.mark.parametrize(("scan", "mesh_spec"), [
+    (False, "fsdp=8"), (True, "fsdp=4,tensor=2"),  # each value of each once; the rest slow
+    pytest.param(True, "fsdp=8", marks=pytest.mark.slow),
+    pytest.param(False, "fsdp=4,tensor=2", marks=pytest.mark.slow)])
 def test_sharded_loss_and_gradient_equal_one_device(devices, mesh_spec, scan):
     config = get_preset("tiny", scan_layers=scan)
     batch = make_micro_batches(seed=1, batch_size=8, seq_len=32, vocab_size=config.vocab_size,

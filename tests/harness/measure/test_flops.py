@@ -59,8 +59,10 @@ def test_model_flops_by_hand_for_tiny():
 
 
 # --------------------------------------------------------------- compiled matmul FLOPs
-@pytest.mark.parametrize("remat", ["none", "full"])
-@pytest.mark.parametrize("scan_layers", [True, False])
+@pytest.mark.parametrize(("scan_layers", "remat"), [
+    (True, "none"), (False, "full"),  # each value of each once; the other pairs slow
+    pytest.param(False, "none", marks=pytest.mark.slow),
+    pytest.param(True, "full", marks=pytest.mark.slow)])
 def test_a_compiled_steps_matmul_flops_are_the_remat_prediction(remat, scan_layers):
     """`native`'s step compiled for the conftest's 8 CPU devices (fsdp=8: every device does
     an eighth of the work) does exactly the matmul FLOPs `compiled_matmul_flops` predicts:

@@ -1,6 +1,7 @@
 """The results store: records whole or absent (a full disk included), unique run ids, one
 writer per results file."""
 
+import dataclasses
 import errno
 import os
 import subprocess
@@ -9,12 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from harness.contract import cell_hash
 from harness.grid.expand import expand
 from harness.jobs.run import run_grid
 from harness.orchestrator.environment import cpu_env
 from harness.store import results
 from harness.store.layout import new_run_id
 from reports.record import Failure, Record, ResultsError, read
+from tests.harness.cli_helpers import parity_main
+from tests.reports.helpers import fixture_records
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = {"preset": "tiny", "batch": 4, "steps": 2, "warmup": 1, "parity": False}
@@ -76,9 +80,13 @@ def test_a_full_disk_loses_one_named_cell_and_leaves_every_line_whole(small_disk
 
 def test_a_resumed_run_skips_the_cells_its_file_holds(tmp_path):
     """Rerunning a run's command with its --run-id (what the full-disk message says to do)
-    runs only the cells it has no record of: no cell is recorded twice."""
-    first = expand({**TINY, "arms": ["native"], "seq": [16]})
-    run_grid(first, tmp_path, env=_env(), timeout_s=300, run_id="r")
+    runs only the cells it has no record of: no cell is recorded twice. The first run's
+    record of seq 16 is a real run's (the report tests' fixture) made that cell's."""
+    (first,) = expand({**TINY, "arms": ["native"], "seq": [16]})
+    (real, *_) = fixture_records()
+    results.append(tmp_path / "r.jsonl", dataclasses.replace(
+        real, run_id="r", round=0, arm=first.arm, config_hash=cell_hash(first.spec),
+        spec=dataclasses.replace(real.spec, seq=16)))
     both = expand({**TINY, "arms": ["native"], "seq": [16, 32]})
     started = []
     _, records = run_grid(both, tmp_path, env=_env(), timeout_s=300, run_id="r",
@@ -165,7 +173,7 @@ def _parity(*args, prefix=()):
                           capture_output=True, text=True, timeout=300)
 
 
-def test_paths_a_run_writes_are_checked_before_any_cell(tmp_path):
+def test_paths_a_run_writes_are_checked_before_any_cell(tmp_path, capsys):
     """A read-only results file, a traces path that is a file and a results file name that
     is a directory each fail before any process starts: one line, exit 2, nothing written."""
     cell = ["--arms", "native", "--preset", "tiny", "--seq", "16", "--batch", "4", "--steps",
@@ -179,8 +187,8 @@ def test_paths_a_run_writes_are_checked_before_any_cell(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == (f"parity: error: {keep}: cannot append to it (Permission "
                                    "denied); make it writable, or give another --run-id or --out")
-    (out / "traces").write_text("")
-    proc = _parity("run", *cell, "--trace", "--out", str(out))
+    (out / "traces").write_text("")  # the rest in this process (tests/harness/cli_helpers)
+    proc = parity_main(capsys, "run", *cell, "--trace", "--out", str(out))
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == (f"parity: error: --trace: the traces directory "
                                    f"{out / 'traces'} is a file; give a directory")
@@ -190,7 +198,7 @@ def test_paths_a_run_writes_are_checked_before_any_cell(tmp_path):
     for args in (["run", *cell, "--out", str(out), "--run-id", "x"],
                  ["report", str(out), "-o", str(tmp_path / "r.md")],
                  ["compare", str(out), str(out)]):
-        proc = _parity(*args)
+        proc = parity_main(capsys, *args)
         assert proc.returncode == 2, (args, proc.stderr)
         assert proc.stderr.strip() == is_dir, args
     assert sorted(p.name for p in out.iterdir()) == ["keep.jsonl", "traces", "x.jsonl"]
