@@ -15,6 +15,10 @@ from tests.harness.orchestrator.test_loop import TINY
 pytestmark = pytest.mark.maxtext  # builds the real MaxText
 
 
+# Two MaxText cells (~35 s): on Python 3.12 `make parity` runs both arms' cells and checks
+# their gradients (the cpu-default suite); `make test-py311` runs this on the host's stack.
+@pytest.mark.slow
+@pytest.mark.py311
 def test_the_maxtext_arms_pass_parity_and_compile_each_program_once(tmp_path):
     cells = expand({**TINY, "preset": "tiny-untied", "seq": 32, "batch": 4, "steps": 3,
                     "arms": ["peft-maxtext", "maxtext-engine"], "ga": [1], "remat": "full",
