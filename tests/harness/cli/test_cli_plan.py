@@ -57,8 +57,8 @@ def _refused_here(capsys, tmp_path, message, *args):
     (["--jobs", "0"], "--jobs 0: give at least 1 cell at a time"),
 ])
 def test_bad_plan_options_exit_2_before_libtpu_is_loaded(tmp_path, capsys, args, message):
-    """In this process, through the command line's entry point: refused before libtpu is
-    loaded or anything is compiled, and with no process started (harness.cli.main)."""
+    """In this process, through the command line's entry point (harness.cli.main): refused
+    before libtpu is loaded or anything is compiled, and before any cell started."""
     start = time.monotonic()
     _refused_here(capsys, tmp_path, message, *CELL, *args, "--out", str(tmp_path / "out"))
     assert time.monotonic() - start < 60  # refused up front: nothing compiled
