@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from harness.cli import main
+from tests.harness.cli_helpers import parity_main
 
 
 @pytest.mark.slow  # the whole selftest (three models, eight variants) and a cell in a subprocess
@@ -120,13 +120,11 @@ def test_every_bad_value_exits_2_at_once_with_one_line_no_process_and_nothing_wr
         _spawned = []
         start = time.perf_counter()
         try:
-            code = main(argv)
-        except SystemExit as exit_:  # argparse's own errors
-            code = exit_.code
+            proc = parity_main(capsys, *argv)
         finally:
             spawned, _spawned = _spawned, None
         elapsed = time.perf_counter() - start
-        err = capsys.readouterr().err
+        code, err = proc.returncode, proc.stderr
         assert code == 2, (argv, err)
         assert message in err, (argv, err)
         assert err.count("\n") == 1 and "Traceback" not in err, (argv, err)

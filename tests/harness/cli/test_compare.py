@@ -207,7 +207,7 @@ def test_compare_of_the_chips_records_decides_at_the_tpus_minimum_effect(tmp_pat
     assert "| slower |" in row and "native qwen3-0.6b seq=1024" in at_tpu.stderr
     assert "minimum effect 1%, a TPU's from its A/A floor" in at_tpu.stdout
     at_five = parity_main(capsys, "compare", str(old), str(new), "--fail-on-regression",
-                         "--threshold", "0.05")
+                          "--threshold", "0.05")
     assert at_five.returncode == 0, at_five.stdout + at_five.stderr
     row = next(line for line in at_five.stdout.splitlines() if line.startswith("| native"))
     cells = [c.strip() for c in row.strip("|").split("|")]
@@ -216,8 +216,8 @@ def test_compare_of_the_chips_records_decides_at_the_tpus_minimum_effect(tmp_pat
     assert "0 of 1 cells differ" in at_five.stdout
     assert "log-SD 0.01 a process, a TPU's" in at_five.stdout and "2-core" not in (
         at_five.stdout)
-    data = json.loads(parity_main(capsys, "compare", str(old), str(new), "--json", "--threshold",
-                                 "0.05").stdout)
+    data = json.loads(parity_main(capsys, "compare", str(old), str(new), "--json",
+                                  "--threshold", "0.05").stdout)
     (cell,) = data["cells"]
     assert cell["verdict"] == "detected, under the minimum effect"
     assert cell["timing"]["min_effect"] == 0.05 and cell["timing"]["backend"] == "tpu"
