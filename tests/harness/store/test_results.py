@@ -1,7 +1,6 @@
 """The results store: records whole or absent (a full disk included), unique run ids, one
 writer per results file."""
 
-import dataclasses
 import errno
 import os
 import subprocess
@@ -10,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.contract import cell_hash
 from harness.grid.expand import expand
 from harness.jobs.run import run_grid
 from harness.orchestrator.environment import cpu_env
+from harness.orchestrator.loop import Sink, Slot, stamp
 from harness.store import results
 from harness.store.layout import new_run_id
 from reports.record import Failure, Record, ResultsError, read
@@ -81,12 +80,13 @@ def test_a_full_disk_loses_one_named_cell_and_leaves_every_line_whole(small_disk
 def test_a_resumed_run_skips_the_cells_its_file_holds(tmp_path):
     """Rerunning a run's command with its --run-id (what the full-disk message says to do)
     runs only the cells it has no record of: no cell is recorded twice. The first run's
-    record of seq 16 is a real run's (the report tests' fixture) made that cell's."""
+    record of seq 16 is a real run's (the report tests' fixture) stamped as that cell's
+    round 0 the way the run loop stamps a worker's record."""
     (first,) = expand({**TINY, "arms": ["native"], "seq": [16]})
-    (real, *_) = fixture_records()
-    results.append(tmp_path / "r.jsonl", dataclasses.replace(
-        real, run_id="r", round=0, arm=first.arm, config_hash=cell_hash(first.spec),
-        spec=dataclasses.replace(real.spec, seq=16)))
+    (record, *_) = fixture_records()
+    stamp(record, Slot(first, 0, 0, Sink(path=tmp_path / "r.jsonl", run_id="r", store=None,
+                                         env={})))
+    results.append(tmp_path / "r.jsonl", record)
     both = expand({**TINY, "arms": ["native"], "seq": [16, 32]})
     started = []
     _, records = run_grid(both, tmp_path, env=_env(), timeout_s=300, run_id="r",
