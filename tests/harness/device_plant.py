@@ -59,9 +59,12 @@ def planted_step(native_step, gflop: float):
 
 def plant(gflop: float) -> None:
     """Plants `gflop` GFLOP of device work in every step of the native arm (this process)."""
-    import arms.native
+    import importlib
 
-    arms.native.native_step = planted_step(arms.native.native_step, gflop)
+    # Called from the end of arms/native.py while that module is still being imported: the
+    # module is in sys.modules, but not yet an attribute of the `arms` package.
+    native = importlib.import_module("arms.native")
+    native.native_step = planted_step(native.native_step, gflop)
 
 
 PLANT_LINES = ("\n\nimport tests.harness.device_plant as _plant  # noqa: E402\n\n"
