@@ -132,17 +132,24 @@ class Look:
     early: bool = True
     """Looks before the budget were allowed (False: the A/B ran its whole budget by
     request, and its one look is the ordinary 95% comparison)."""
+    failed: str | None = None
+    """Which side failed in every round so far ('B'), where one did: nothing to compare, and
+    no round runs after it (the failure names its cause in the side's records)."""
 
     @property
     def last(self) -> bool:
-        """No round runs after this look: it settled the cell, or the budget is spent."""
-        return self.settled is not None or self.rounds >= self.budget
+        """No round runs after this look: it settled the cell, a side failed every round,
+        or the budget is spent."""
+        return self.settled is not None or self.failed is not None or \
+            self.rounds >= self.budget
 
     def reason(self) -> str:
         """How many rounds the cell ran and why it stopped, e.g. 'settled: slower beyond
         the 1% minimum effect after 2 of 16 rounds', 'budget: 16 of 16 rounds, not
         settled'; '' for a look that is not the last."""
         of = f"{self.rounds} of {self.budget} rounds"
+        if self.failed is not None:
+            return f"failed: {self.failed}'s cell failed in every round, after {of}"
         if self.settled is not None:
             effect = stats.percent(self.comparison.min_effect)
             what = (f"{self.settled} beyond the {effect} minimum effect"

@@ -69,12 +69,24 @@ class Stopper:
 
     def on_record(self, index: int, record: Record) -> None:
         """Keeps a record of cell `index`; where it completes a round whose look can count
-        (from `min_rounds` on, or at the budget), the cell's look."""
+        (from `min_rounds` on, or at the budget), the cell's look. A cell one of whose sides
+        has failed in every round it completed runs no more rounds (unless the budget was
+        asked for): a failure that repeats would spend the budget on cells that cannot be
+        compared, and a side with one good round is compared on its good rounds."""
         cell = self._cells.setdefault(index, _Cell())
         (cell.a if record.ab.side == "A" else cell.b).append(record)
         looked = cell.look.rounds if cell.look else 0
         counts = cell.rounds >= self.budget or (self.early and cell.rounds >= self.min_rounds)
-        if cell.rounds > looked and counts:
+        failed = [side for side, records in (("A", cell.a), ("B", cell.b))
+                  if not any(r.ok for r in records[:cell.rounds])]
+        if cell.rounds > looked and self.early and failed:
+            cell.look = sequential.Look(
+                rounds=cell.rounds, budget=self.budget, comparison=None,
+                spent=cell.look.spent if cell.look else 0.0, taken=False, settled=None,
+                failed=" and ".join(failed))
+            cell.rows = self.judge(cell.a[:cell.rounds], cell.b[:cell.rounds],
+                                   stats.CONFIDENCE)
+        elif cell.rounds > looked and counts:
             self._look(cell)
 
     def keep(self, task: Task) -> bool:

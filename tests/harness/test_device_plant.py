@@ -13,8 +13,8 @@ SPEC = CellSpec(preset="tiny", seq=32, batch=4, ga=2, ragged=(40, 8))
 
 
 def test_a_plant_is_the_fewest_full_matmuls_that_reach_its_flops():
-    """qwen3-0.6b's embedding (151,936 x 1,024): 380 GFLOP (~2% of native's 114 ms step on
-    the v5e at its matmuls' ~165 TFLOP/s) is 23 matmuls of [8192, 1024] x [1024, 1024]."""
+    """qwen3-0.6b's embedding (151,936 x 1,024): 380 GFLOP is 23 matmuls of [8192, 1024] x
+    [1024, 1024]."""
     assert planted_shape((151936, 1024), 380.0) == (8192, 1024, 23)
     assert planted_shape((256, 64), 1e-9) == (256, 64, 1)  # at least one
     assert planted_shape((48, 64), 1.0)[:2] == (48, 48)  # w is a square of the table
@@ -53,7 +53,9 @@ def test_the_planted_step_costs_its_matmuls_more_and_computes_the_same(monkeypat
 def test_a_plant_branch_plants_once_and_keeps_it(tmp_path):
     """Eight commits on a clone's HEAD, the fifth planting: only it touches arms/native.py,
     every later one still carries the plant, and the clone's own checkout is untouched."""
+    import os
     import subprocess
+    import sys
     from pathlib import Path
 
     from tests.harness.device_plant import PLANT_LINES, branch
@@ -78,3 +80,13 @@ def test_a_plant_branch_plants_once_and_keeps_it(tmp_path):
         assert git("show", f"{sha}:arms/native.py").endswith(PLANT_LINES.format(gflop=380))
     assert PLANT_LINES.format(gflop=380) not in git("show", f"{shas[3]}:arms/native.py")
     assert git("rev-parse", "HEAD").strip() == head and git("status", "--porcelain") == ""
+
+    # The planting commit's arms/native.py imports, its step planted (the plant is applied
+    # while arms.native is still being imported: this checkout's plant module, copied in)
+    git("checkout", "-q", shas[4])
+    (clone / "tests" / "harness" / "device_plant.py").write_text(
+        (repo / "tests" / "harness" / "device_plant.py").read_text())
+    imported = subprocess.run(
+        [sys.executable, "-c", "import arms.native; print(arms.native.native_step.__qualname__)"],
+        cwd=clone, capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert imported.stdout.split() == ["planted_step.<locals>.step"], imported.stderr[-2000:]

@@ -22,7 +22,7 @@ from harness.jobs.stopping import Stopper
 from harness.orchestrator.loop import Sink, run_tasks
 from harness.store.layout import RunStore
 from reports import sequential, stats
-from reports.compare import compare_sets
+from reports.compare import FAILED, compare_sets
 from reports.record import ABTag
 from tests.reports.helpers import fixture_records
 
@@ -62,7 +62,20 @@ class Records:
         return dataclasses.replace(self.template, timing=timing, parity=None)
 
 
-def _run(tmp_path, *, early: bool):
+class FailingB(Records):
+    """As Records, but B's cell 0 fails in every round (the fixture's failed record: an
+    exception in its step), as a planted commit that does not import did on the chip."""
+
+    def record(self, slot):
+        record = super().record(slot)
+        if slot.index == 0 and slot.sink.ab.side == "B":
+            failed = next(r for r in fixture_records() if not r.ok)
+            return dataclasses.replace(record, status=failed.status, error=failed.error,
+                                       timing=None)
+        return record
+
+
+def _run(tmp_path, *, early: bool, executor: Records | None = None):
     cells = expand({"preset": "tiny", "seq": [16, 32], "batch": 4, "steps": 10,
                     "warmup": 1, "arms": ["native"]})
     sinks = {side: Sink(path=tmp_path / f"ab-{side}.jsonl", run_id=f"ab-{side}",
@@ -71,7 +84,7 @@ def _run(tmp_path, *, early: bool):
     tasks = side_tasks(SimpleNamespace(cells=cells, rounds=BUDGET), sinks, lockstep=False)
     stopper = Stopper(judge(None, False), budget=BUDGET, min_rounds=first_look(PROCESSES, 5),
                       early=early)
-    executor = Records()
+    executor = executor or Records()
     found = run_tasks(tasks, executor, on_record=stopper.on_record, keep=stopper.keep)
     records = {side: [r for r in found if r.ab.side == side] for side in "AB"}
     rows = stopper.decided(compare_sets(records["A"], records["B"], paired=True))
@@ -96,6 +109,20 @@ def test_a_settled_cell_runs_no_more_rounds_while_the_others_run_their_budget(tm
     assert budget.timing.confidence == pytest.approx(
         1 - (sequential.ALPHA - sequential.spent((BUDGET - 1) / BUDGET)))
     assert 0.95 < budget.timing.confidence < 0.96 and len(budget.new.ok) == BUDGET
+
+
+def test_a_cell_whose_side_failed_its_first_round_runs_no_more_rounds(tmp_path):
+    executor, result = _run(tmp_path, early=True, executor=FailingB())
+    rounds = {index: sorted({r for i, r, _ in executor.ran if i == index}) for index in (0, 1)}
+    assert rounds == {0: [0], 1: list(range(BUDGET))}
+    assert [stop.line() for stop in result.stops] == [
+        "native tiny seq=16 batch=4 ga=1: failed: B's cell failed in every round, after 1 "
+        "of 8 rounds",
+        "native tiny seq=32 batch=4 ga=1: budget: 8 of 8 rounds, not settled"]
+    assert result.rows[0].verdict == FAILED and result.rows[0].timing is None
+    # --fixed-rounds asked for the budget: the failing cell runs it too
+    executor, _ = _run(tmp_path / "fixed", early=False, executor=FailingB())
+    assert sorted({r for i, r, _ in executor.ran if i == 0}) == list(range(BUDGET))
 
 
 def test_fixed_rounds_run_every_round_and_judge_once_at_95_percent(tmp_path):
