@@ -165,12 +165,13 @@ def test_a_peak_the_build_reached_is_not_read_as_the_step_s(tmp_path):
 
 def test_the_seven_arms_head_to_head_names_its_commit_and_lists_only_real_gaps(tmp_path):
     """issue 73's head-to-head (docs/results/tpu-v5e/h2h73): all seven arms at seq 1024 GA 1,
-    seq 1024 GA 4 and seq 4096 GA 1, two rounds each, every gradient checked in round 0 and
-    every record of main's clean commit of its session (GA 4's round 1 of engine, native and
-    engine-fused from a later one). At ragged GA 4 the three PeftTrainer arms FAIL against
-    sum/sum (their mean of means, by design). peft-tunix's cost is known (its program was
-    costed), so the list of costs XLA could not give names the six others at each shape and
-    never peft-tunix (a row whose reason is absent is not a row with the reason "nan")."""
+    seq 1024 GA 4 and seq 4096 GA 1, and the four the suite runs at seq 4096 GA 4 (the arms
+    on our decoder), two rounds each, every gradient checked in round 0 and every record of
+    main's clean commit of its session (GA 4's round 1 of engine, native and engine-fused
+    from a later one). At ragged GA 4 the PeftTrainer arms FAIL against sum/sum (their mean
+    of means, by design). peft-tunix's cost is known (its program was costed), so the list
+    of costs XLA could not give names the others at each shape and never peft-tunix (a row
+    whose reason is absent is not a row with the reason "nan")."""
     import json
 
     from reports.frame import to_frame
@@ -178,10 +179,12 @@ def test_the_seven_arms_head_to_head_names_its_commit_and_lists_only_real_gaps(t
 
     source = CHIP / "h2h73" / "h2h73-tpu-v5e.jsonl"
     records = [json.loads(line) for line in source.read_text().splitlines()]
-    shapes = ((1024, 1), (1024, 4), (4096, 1))
+    shapes = ((1024, 1), (1024, 4), (4096, 1), (4096, 4))
     by_shape = {s: [r for r in records if (r["spec"]["seq"], r["spec"]["ga"]) == s]
                 for s in shapes}
-    assert [len(by_shape[s]) for s in shapes] == [14, 14, 14] and len(records) == 42
+    assert [len(by_shape[s]) for s in shapes] == [14, 14, 14, 8] and len(records) == 50
+    assert {r["arm"] for r in by_shape[4096, 4]} == {"engine", "engine-fused", "native",
+                                                      "peft-decoder"}
     for found in by_shape.values():  # each arm once in each round
         assert sorted((r["round"], r["arm"]) for r in found) == sorted(
             (n, r["arm"]) for r in found if r["round"] == 0 for n in (0, 1))
@@ -189,20 +192,21 @@ def test_the_seven_arms_head_to_head_names_its_commit_and_lists_only_real_gaps(t
                    for r in found} for s, found in by_shape.items()}
     assert commits == {(1024, 1): {("0fbb02c", False)},
                        (1024, 4): {("7af9434", False), ("549b513", False)},
-                       (4096, 1): {("549b513", False)}}
+                       (4096, 1): {("549b513", False)},
+                       (4096, 4): {("c5e5d79", False)}}
     late = {r["arm"] for r in by_shape[1024, 4] if r["environment"]["git_sha"][:7] == "549b513"}
     assert late == {"engine", "native", "engine-fused"}
     shutil.copy(source, tmp_path / "chip.jsonl")
     frame = to_frame(read_dir(tmp_path))
     assert frame["arm"].nunique() == 7
     text = render(tmp_path, tmp_path / "out" / "parity.md")
-    assert "Gradient parity: 18 PASS, 3 FAIL." in text
+    assert "Gradient parity: 21 PASS, 4 FAIL." in text
     for arm in ("peft-decoder", "peft-tunix", "peft-maxtext"):
         row = next(line for line in text.splitlines()
                    if line.startswith(f"|  | {arm} | **FAIL**"))
         assert "mean of micro-batch means (optax.MultiSteps)" in row and ": PASS)" in row
     listed = text[text.index("Compiled cost unavailable:"):].split("\n\n")[0]
-    assert listed.count("\n- ") == 18 and "peft-tunix" not in listed and "nan" not in listed
+    assert listed.count("\n- ") == 22 and "peft-tunix" not in listed and "nan" not in listed
 
 
 def _with_engine_options(tmp_path, attention: str, slower: float) -> Path:
