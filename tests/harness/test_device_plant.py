@@ -52,7 +52,8 @@ def test_the_planted_step_costs_its_matmuls_more_and_computes_the_same(monkeypat
 
 def test_a_plant_branch_plants_once_and_keeps_it(tmp_path):
     """Eight commits on a clone's HEAD, the fifth planting: only it touches arms/native.py,
-    every later one still carries the plant, and the clone's own checkout is untouched."""
+    every later one still carries the plant, the clone's own checkout is untouched, and the
+    planting commit's arms/native.py imports with its step planted."""
     import os
     import subprocess
     import sys
