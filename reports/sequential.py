@@ -133,8 +133,8 @@ class Look:
     """Looks before the budget were allowed (False: the A/B ran its whole budget by
     request, and its one look is the ordinary 95% comparison)."""
     failed: str | None = None
-    """Which side failed in every round so far ('B'), where one did: nothing to compare, and
-    no round runs after it (the failure names its cause in the side's records)."""
+    """Which side failed in every round so far ('A', 'B' or 'A and B'), where one did:
+    nothing to compare, and no round runs after it (the side's records name the cause)."""
 
     @property
     def last(self) -> bool:
@@ -149,7 +149,8 @@ class Look:
         settled'; '' for a look that is not the last."""
         of = f"{self.rounds} of {self.budget} rounds"
         if self.failed is not None:
-            return f"failed: {self.failed}'s cell failed in every round, after {of}"
+            who = "A's and B's cells" if self.failed == "A and B" else f"{self.failed}'s cell"
+            return f"failed: {who} failed in every round, after {of}"
         if self.settled is not None:
             effect = stats.percent(self.comparison.min_effect)
             what = (f"{self.settled} beyond the {effect} minimum effect"

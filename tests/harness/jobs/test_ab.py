@@ -198,17 +198,20 @@ def test_each_side_of_an_ab_can_run_in_a_software_stack_of_its_own(tmp_path):
     assert "| native tiny seq=16 batch=4 ga=1 |" in text and "| 2 / 2 |" in text
 
 
-@pytest.mark.slow  # one A/B of 2 lockstep rounds, B's cells failing at once
+@pytest.mark.slow  # one A/B of up to 2 lockstep rounds, B's cells failing at once
 def test_a_stack_whose_cells_cannot_run_is_a_failed_row_and_exit_1(tmp_path):
     """B in an interpreter without jax: its workers die before recording anything; their
     failures stand in the cell's row (the side's commit, no versions), not as a cell of
-    their own, and the A/B exits 1."""
+    their own, the cell stops after its first round (B failed in every round it ran), and
+    the A/B exits 1."""
     python = _venv(tmp_path / "bare")
     proc = _stack_ab(tmp_path, "--python-b", str(python))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     text = (tmp_path / "out" / "ab.md").read_text()
-    assert "| native tiny seq=16 batch=4 ga=1 |" in text and "| 2 / 0 | - | failed |" in text
-    assert "new: crash: cell process exited with code 1 without a record (x 2)" in text
+    assert "| native tiny seq=16 batch=4 ga=1 |" in text and "| 1 / 0 | - | failed |" in text
+    crash = "new: crash: cell process exited with code 1 without a record"
+    assert crash in text and f"{crash} (x" not in text  # once: no second round
+    assert "failed: B's cell failed in every round, after 1 of 2 rounds" in text
     assert f"- B: python {python}; recorded versions: none (no cell recorded its own)" in text
 
 
