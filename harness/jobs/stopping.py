@@ -84,8 +84,6 @@ class Stopper:
                 rounds=cell.rounds, budget=self.budget, comparison=None,
                 spent=cell.look.spent if cell.look else 0.0, taken=False, settled=None,
                 failed=" and ".join(failed))
-            cell.rows = self.judge(cell.a[:cell.rounds], cell.b[:cell.rounds],
-                                   stats.CONFIDENCE)
         elif cell.rounds > looked and counts:
             self._look(cell)
 

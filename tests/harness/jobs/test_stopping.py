@@ -66,12 +66,15 @@ class FailingB(Records):
     """As Records, but B's cell 0 fails in every round (the fixture's failed record: an
     exception in its step), as a planted commit that does not import did on the chip."""
 
+    def __init__(self):
+        super().__init__()
+        self.failed = next(r for r in fixture_records() if not r.ok)
+
     def record(self, slot):
         record = super().record(slot)
         if slot.index == 0 and slot.sink.ab.side == "B":
-            failed = next(r for r in fixture_records() if not r.ok)
-            return dataclasses.replace(record, status=failed.status, error=failed.error,
-                                       timing=None)
+            return dataclasses.replace(record, status=self.failed.status,
+                                       error=self.failed.error, timing=None)
         return record
 
 
